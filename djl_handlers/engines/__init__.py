@@ -1,0 +1,1 @@
+"""djl_handlers.engines"""

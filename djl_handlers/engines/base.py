@@ -1,0 +1,73 @@
+"""The small protocol every engine implements, and the records that cross it.
+
+The scheduler (engine-agnostic) owns stopping criteria and detokenization for engines that
+return bare token ids; engines that stop and detokenize themselves (vLLM, TensorRT-LLM) fill
+``StepOutput.text`` and ``StepOutput.finish_reason`` and the scheduler trusts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from djl_handlers.params.generation import GenerationParameters
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A request as an engine sees it: token ids of the (already truncated) prompt."""
+
+    request_id: int
+    prompt_ids: Sequence[int]
+    params: "GenerationParameters"
+    prompt: str = ""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one engine step produced for one request.
+
+    Exactly one of ``token_id`` or ``error`` is meaningful. ``text``/``finish_reason`` are set
+    only by engines that detokenize / stop on their own.
+    """
+
+    request_id: int
+    token_id: int = -1
+    log_prob: Optional[float] = None
+    text: Optional[str] = None
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+
+
+class Tokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the pipeline uses."""
+
+    eos_token_id: Any
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class Engine(Protocol):
+    """A continuous-batching engine.
+
+    ``add_request`` queues a request (prefilled on the next ``step``); ``step`` advances every
+    active request by one token and returns one ``StepOutput`` per active request; ``release``
+    frees a finished or cancelled request's state (KV cache rows). A per-request failure is
+    reported as ``StepOutput.error``; an exception from ``step`` means the whole batch failed.
+    """
+
+    name: str
+    tokenizer: Tokenizer
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+
+    def add_request(self, request: EngineRequest) -> None: ...
+
+    def step(self) -> list[StepOutput]: ...
+
+    def release(self, request_id: int) -> None: ...
+
+    def has_unfinished(self) -> bool: ...

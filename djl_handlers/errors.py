@@ -1,0 +1,143 @@
+"""One exception tree for the whole project and one table from exception to HTTP status.
+
+Every error a user can cause is a ``DjlHandlersError`` subclass carrying an HTTP status code
+and a message that names the offending field or key. ``error_body`` renders the JSON body the
+server and the handlers return for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DjlHandlersError(Exception):
+    """Base class. ``status`` is the HTTP status code a client sees for this error."""
+
+    status: int = 500
+    kind: str = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(DjlHandlersError):
+    """The request body cannot be understood (bad JSON, wrong shape, wrong content type)."""
+
+    status = 400
+    kind = "invalid_request"
+
+
+class InvalidParameter(InvalidRequest):
+    """A generation parameter has a wrong type or an out-of-range value."""
+
+    kind = "invalid_parameter"
+
+
+class PromptTooLong(InvalidRequest):
+    """The prompt (plus max_new_tokens) does not fit the model's context."""
+
+    kind = "prompt_too_long"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request body exceeds the server's limit."""
+
+    status = 413
+    kind = "payload_too_large"
+
+
+class UnsupportedMediaType(InvalidRequest):
+    """The request's Content-Type cannot be decoded."""
+
+    status = 415
+    kind = "unsupported_media_type"
+
+
+class ConfigError(DjlHandlersError):
+    """serving.properties / OPTION_* configuration is invalid. Fails the init call."""
+
+    status = 500
+    kind = "config_error"
+
+
+class EngineNotInstalled(ConfigError):
+    """The engine library for the configured entry point is not importable."""
+
+    kind = "engine_not_installed"
+
+
+class EngineError(DjlHandlersError):
+    """The engine failed while serving a request (DJL maps this to 424)."""
+
+    status = 424
+    kind = "engine_error"
+
+
+class EngineOutOfMemory(EngineError):
+    """The engine ran out of memory (DJL's 507)."""
+
+    status = 507
+    kind = "out_of_memory"
+
+
+class ServerBusy(DjlHandlersError):
+    """The job queue is full (DJL's 503)."""
+
+    status = 503
+    kind = "server_busy"
+
+
+class RequestCancelled(DjlHandlersError):
+    """The client went away or the server is shutting down."""
+
+    status = 499
+    kind = "cancelled"
+
+
+# exception class -> (status, kind); the first matching entry in MRO order wins.
+STATUS_TABLE: dict[type[BaseException], int] = {
+    PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
+    InvalidRequest: 400,
+    ConfigError: 500,
+    EngineOutOfMemory: 507,
+    MemoryError: 507,
+    EngineError: 424,
+    ServerBusy: 503,
+    RequestCancelled: 499,
+}
+
+
+def status_of(exc: BaseException) -> int:
+    """HTTP status for any exception: our own tree first, DJL's OOM rule, else 424 as DJL does."""
+    if isinstance(exc, DjlHandlersError):
+        return exc.status
+    if type(exc).__name__ in ("OutOfMemoryError", "MemoryError"):
+        return 507
+    for cls in type(exc).__mro__:
+        if cls in STATUS_TABLE:
+            return STATUS_TABLE[cls]
+    return 424
+
+
+def message_of(exc: BaseException) -> str:
+    """A non-empty message for any exception (DJL v0.27 sometimes sent empty ones)."""
+    text = str(exc).strip()
+    return text if text else type(exc).__name__
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """The JSON body for an error: ``{"code", "message", "error"}`` as DJL's ``Output.error``,
+    plus ``type`` (and ``field`` when known) so clients can react without parsing text."""
+    code = status_of(exc)
+    body: dict[str, Any] = {
+        "code": code,
+        "message": "invalid request" if 400 <= code < 500 and code != 424 else "prediction failure",
+        "error": message_of(exc),
+        "type": exc.kind if isinstance(exc, DjlHandlersError) else "engine_error",
+    }
+    if isinstance(exc, DjlHandlersError) and exc.field:
+        body["field"] = exc.field
+    return body

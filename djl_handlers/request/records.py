@@ -1,0 +1,86 @@
+"""Plain data records shared by the request parser, the scheduler and the formatters.
+
+Nothing here imports an ML library. ``Token`` is one generated token; ``Request`` is one parsed
+client request; ``RequestOutput`` is the growing result of a request that formatters turn into
+bytes, one call per scheduler step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+
+if TYPE_CHECKING:
+    from djl_handlers.params.generation import GenerationParameters
+
+FinishReason = str  # "length" | "eos_token" | "stop_sequence" | "error"
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token. ``log_prob`` is None when the engine does not report it."""
+
+    id: int
+    text: str
+    log_prob: Optional[float] = None
+    special: bool = False
+
+    def as_lmi_dict(self) -> dict[str, Any]:
+        """LMI v0.27 token object: ``id`` is a one-element list."""
+        return {"id": [self.id], "text": self.text, "log_prob": self.log_prob}
+
+    def as_tgi_dict(self) -> dict[str, Any]:
+        """TGI token object: scalar ``id``, ``logprob`` and ``special``."""
+        return {"id": self.id, "text": self.text, "logprob": self.log_prob, "special": self.special}
+
+
+# A custom output formatter from model.py: called once per step with the request's output.
+CustomFormatter = Callable[["RequestOutput"], str]
+
+
+@dataclass
+class Request:
+    """One client request after parsing and validation.
+
+    ``prompt`` is the text sent to the model (after chat templating, before truncation);
+    ``inputs`` is what the client sent as ``inputs`` (reported in ``details.inputs``).
+    ``output_formatter`` is a registered formatter name or a custom callable.
+    """
+
+    prompt: str
+    params: "GenerationParameters"
+    stream: bool = False
+    output_formatter: Union[str, CustomFormatter] = "json"
+    inputs: Any = None
+    seed: Optional[int] = None
+    properties: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutput:
+    """The state of one request's generation, as formatters see it.
+
+    ``tokens`` holds every token so far; ``new_tokens`` those added by the current step
+    (empty on a step that produced nothing for this request).
+    """
+
+    request: Request
+    prompt_tokens: int = 0
+    tokens: list[Token] = field(default_factory=list)
+    new_tokens: list[Token] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: Optional[FinishReason] = None
+    error: Optional[str] = None
+    error_code: Optional[int] = None
+
+    @property
+    def generated_text(self) -> str:
+        """Text of all generated tokens (without any ``return_full_text`` prefix)."""
+        return "".join(t.text for t in self.tokens)
+
+    @property
+    def full_text(self) -> str:
+        """``generated_text`` with the prompt prefixed when ``return_full_text`` is set."""
+        prefix = self.request.prompt if self.request.params.return_full_text else ""
+        return prefix + self.generated_text

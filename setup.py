@@ -1,0 +1,38 @@
+"""Packaging for djl_handlers. Tool configuration lives in pyproject.toml."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
+
+HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
+SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4"]
+EXTRAS = {
+    "hf": HF,
+    "deepspeed": HF + ["deepspeed>=0.15"],
+    "vllm": ["vllm"],
+    "trtllm": ["tensorrt_llm"],
+    "server": SERVER,
+    "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy"],
+    "bench": ["matplotlib"],
+}
+EXTRAS["all"] = sorted(set(HF + SERVER + EXTRAS["test"] + EXTRAS["bench"]))
+
+setup(
+    name="djl_handlers",
+    version=VERSION,
+    description="LLM inference handlers for DJL Serving's Python engine (LMI schema), with a local server",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["djl_handlers", "djl_handlers.*"]),
+    include_package_data=True,
+    package_data={"djl_handlers": ["py.typed", "examples/*/*"]},
+    install_requires=[],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["djl-handlers=djl_handlers.cli:main"]},
+)
