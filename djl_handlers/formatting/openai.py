@@ -1,0 +1,239 @@
+"""OpenAI-compatible formatters: chat completions and (legacy) completions.
+
+Names: ``chat_json``, ``chat_sse``, ``completion_json``, ``completion_sse``; and DJL's chat names
+``json_chat`` / ``jsonlines_chat`` (v0.27) and ``sse_chat`` (v0.29+ HEAD). The OpenAI names
+write compact JSON like OpenAI/vLLM; ``json_chat`` and ``jsonlines_chat`` keep DJL's spaced
+``json.dumps`` separators.
+
+What the formatters read from ``out.request.extra`` (the parser copies the OpenAI body fields):
+
+- ``id`` (str): response id; when absent one is made (``chatcmpl-<hex>`` / ``cmpl-<hex>``) and
+  stored back into ``extra`` so every chunk of the stream carries the same id.
+- ``created`` (int): Unix time; when absent the current time, stored back likewise.
+- ``model`` (str): echoed as ``model``; ``"lmi"`` when absent.
+- ``logprobs``: chat: bool; completions: int (legacy ``logprobs: N``); absent/None/false: none.
+- ``top_logprobs`` (chat, int): when > 0 each token's ``top_logprobs`` lists the chosen token
+  (the engines report no alternatives).
+- ``stream_options`` (dict): ``{"include_usage": true}`` adds ``"usage": null`` to every chunk and
+  a final chunk with ``"choices": []`` and the usage before ``[DONE]``.
+
+Only one choice (index 0) is produced: the parser rejects ``n > 1``. Finish reasons map
+``eos_token``/``stop_sequence`` -> ``stop`` and ``length`` -> ``length``. A failure is the nested
+error ``{"error": {"message", "type", "param", "code"}}``: the body (non-stream) or, in a
+stream, an event after the step's tokens, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Optional
+
+from djl_handlers.formatting.lmi import (
+    PLACEHOLDER_TOKEN,
+    Formatter,
+    dumps_compact,
+    error_code,
+    error_message,
+    finite,
+    first_new_index,
+    is_error,
+    step_events,
+)
+from djl_handlers.formatting.sse import sse_event
+from djl_handlers.request.records import RequestOutput, Token
+
+DEFAULT_MODEL = "lmi"
+FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+DONE_EVENT = "data: [DONE]\n\n"
+Dump = Callable[[Any], str]
+
+
+# --------------------------------------------------------------------------- extra fields
+
+
+def _extra_default(out: RequestOutput, key: str, make: Callable[[], Any]) -> Any:
+    extra = out.request.extra
+    if extra.get(key) in (None, ""):
+        extra[key] = make()
+    return extra[key]
+
+
+def response_id(out: RequestOutput, kind: str) -> str:
+    """The response id from ``extra["id"]``, made and stored there on first use."""
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    return str(_extra_default(out, "id", lambda: f"{prefix}-{uuid.uuid4().hex}"))
+
+
+def created_time(out: RequestOutput) -> int:
+    """``created`` from ``extra["created"]``, the current time stored there on first use."""
+    return int(_extra_default(out, "created", lambda: int(time.time())))
+
+
+def model_name(out: RequestOutput) -> str:
+    """``model`` echoed from ``extra["model"]``."""
+    return str(out.request.extra.get("model") or DEFAULT_MODEL)
+
+
+def include_usage(out: RequestOutput) -> bool:
+    """True when ``stream_options.include_usage`` was requested."""
+    options = out.request.extra.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+def openai_finish_reason(out: RequestOutput) -> str:
+    """OpenAI finish reason for a finished request."""
+    return FINISH_REASONS.get(out.finish_reason or "", "stop")
+
+
+def usage(out: RequestOutput) -> dict[str, int]:
+    """``usage`` object from the prompt and generated token counts."""
+    completion = len(out.tokens)
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": out.prompt_tokens + completion,
+    }
+
+
+def openai_error(out: RequestOutput) -> dict[str, Any]:
+    """Nested OpenAI error object (vLLM >= 0.10.1 layout)."""
+    code = error_code(out)
+    kind = "invalid_request_error" if 400 <= code < 500 and code != 424 else "server_error"
+    return {"error": {"message": error_message(out), "type": kind, "param": None, "code": code}}
+
+
+# --------------------------------------------------------------------------- logprobs
+
+
+def chat_logprobs(out: RequestOutput, tokens: list[Token]) -> Optional[dict[str, Any]]:
+    """Chat ``logprobs`` ``{"content": [{token, logprob, bytes, top_logprobs}]}`` or None."""
+    if not out.request.extra.get("logprobs"):
+        return None
+    top_n = int(out.request.extra.get("top_logprobs") or 0)
+    content = []
+    for tok in tokens:
+        entry = {"token": tok.text, "logprob": finite(tok.log_prob), "bytes": list(tok.text.encode("utf-8"))}
+        top = [dict(entry)] if top_n > 0 else []
+        content.append({**entry, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(out: RequestOutput, tokens: list[Token], offset: int) -> Optional[dict[str, Any]]:
+    """Legacy completions ``logprobs`` (``text_offset``, ``token_logprobs``, ``tokens``,
+    ``top_logprobs``); offsets count characters of the returned text, starting at ``offset``."""
+    wanted = out.request.extra.get("logprobs")
+    if wanted is None or wanted is False:
+        return None
+    offsets = []
+    for tok in tokens:
+        offsets.append(offset)
+        offset += len(tok.text)
+    top = [{tok.text: finite(tok.log_prob)} for tok in tokens] if int(wanted) > 0 else None
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [finite(tok.log_prob) for tok in tokens],
+        "tokens": [tok.text for tok in tokens],
+        "top_logprobs": top,
+    }
+
+
+def _prefix(out: RequestOutput) -> str:
+    return out.full_text[: len(out.full_text) - len(out.generated_text)]
+
+
+# --------------------------------------------------------------------------- non-stream
+
+
+class OpenAIJsonFormatter(Formatter):
+    """Non-stream chat (``chat.completion``) or completion (``text_completion``) object."""
+
+    def __init__(self, name: str, kind: str, dump: Dump = dumps_compact) -> None:
+        self.name = name
+        self.kind = kind
+        self.content_type = "application/json"
+        self._dump = dump
+
+    def __call__(self, out: RequestOutput) -> str:
+        if not out.finished:
+            return ""
+        if is_error(out):
+            return self._dump(openai_error(out))
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": out.generated_text}
+            choice["logprobs"] = chat_logprobs(out, out.tokens)
+        else:
+            choice["text"] = out.full_text
+            choice["logprobs"] = completion_logprobs(out, out.tokens, len(_prefix(out)))
+        choice["finish_reason"] = openai_finish_reason(out)
+        body = {
+            "id": response_id(out, self.kind),
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": created_time(out),
+            "model": model_name(out),
+            "choices": [choice],
+            "usage": usage(out),
+        }
+        return self._dump(body)
+
+
+# --------------------------------------------------------------------------- stream
+
+
+class OpenAIStreamFormatter(Formatter):
+    """Streamed chunks (``chat.completion.chunk`` / ``text_completion``), SSE or jsonlines."""
+
+    def __init__(self, name: str, kind: str, *, sse: bool = True, dump: Dump = dumps_compact) -> None:
+        self.name = name
+        self.kind = kind
+        self.sse = sse
+        self.content_type = "text/event-stream" if sse else "application/jsonlines"
+        self._dump = dump
+
+    def __call__(self, out: RequestOutput) -> str:
+        if out.finished and is_error(out):
+            start = first_new_index(out)
+            events = [self._chunk(out, start + i, t, False) for i, t in enumerate(out.new_tokens)]
+            events.append(openai_error(out))
+            return self._frame(events, done=True)
+        events = [self._chunk(out, index, token, closing) for index, token, closing in step_events(out)]
+        if out.finished and include_usage(out):
+            events.append({**self._envelope(out), "choices": [], "usage": usage(out)})
+        return self._frame(events, done=out.finished)
+
+    def _frame(self, events: list[dict[str, Any]], *, done: bool) -> str:
+        if not self.sse:
+            return "".join(self._dump(e) + "\n" for e in events)
+        text = "".join(sse_event(self._dump(e)) for e in events)
+        return text + DONE_EVENT if done else text
+
+    def _envelope(self, out: RequestOutput) -> dict[str, Any]:
+        return {
+            "id": response_id(out, self.kind),
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": created_time(out),
+            "model": model_name(out),
+        }
+
+    def _chunk(self, out: RequestOutput, index: int, token: Token, closing: bool) -> dict[str, Any]:
+        placeholder = token is PLACEHOLDER_TOKEN
+        tokens = [] if placeholder else [token]
+        choice: dict[str, Any] = {"index": 0}
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if index == 0 else {}
+            if not placeholder or index == 0:
+                delta["content"] = token.text
+            choice["delta"] = delta
+            choice["logprobs"] = chat_logprobs(out, tokens)
+        else:
+            prefix = _prefix(out)
+            offset = len(prefix) + sum(len(t.text) for t in out.tokens[:index])
+            choice["text"] = (prefix if index == 0 else "") + token.text
+            choice["logprobs"] = completion_logprobs(out, tokens, offset)
+        choice["finish_reason"] = openai_finish_reason(out) if closing else None
+        chunk = {**self._envelope(out), "choices": [choice]}
+        if include_usage(out):
+            chunk["usage"] = None
+        return chunk

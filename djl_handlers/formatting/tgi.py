@@ -1,0 +1,110 @@
+"""TGI-compatible formatters (``tgi_compat``): ``tgi`` (non-stream) and ``tgi_stream`` (SSE).
+
+Shapes follow text-generation-inference's router (``GenerateResponse``, ``StreamResponse``), so
+Hugging Face's own clients work: scalar token ``id``, ``logprob`` and ``special`` keys, compact
+JSON as serde writes it, and SSE events written ``data:{json}\\n\\n`` (no space, as TGI).
+
+- ``tgi``: ``[{"generated_text", "details"?}]``: the object wrapped in a one-element list, as
+  TGI's ``/`` route and DJL's ``tgi_compat`` do; ``details`` (when ``parameters.details``) is
+  ``{"finish_reason", "generated_tokens", "seed", "prefill": [], "tokens": [...]}``.
+- ``tgi_stream``: one event per token ``{"index", "token", "generated_text", "details"}``;
+  ``index`` counts tokens from 1; ``generated_text``/``details`` are null except on the last
+  event (``details`` = ``{"finish_reason", "generated_tokens", "seed", "input_length"}`` when
+  details were asked for).
+- A failure is TGI's error object ``{"error", "error_type": "generation"}`` (as the body, or as
+  the last event of a stream after the tokens of that step).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from djl_handlers.formatting.lmi import (
+    Formatter,
+    dumps_compact,
+    error_message,
+    finite,
+    first_new_index,
+    is_error,
+    step_events,
+    wants_details,
+)
+from djl_handlers.request.records import RequestOutput, Token
+
+
+def tgi_token(token: Token) -> dict[str, Any]:
+    """TGI token ``{"id", "text", "logprob", "special"}`` (logprob null when unknown)."""
+    return {"id": token.id, "text": token.text, "logprob": finite(token.log_prob), "special": token.special}
+
+
+def tgi_seed(out: RequestOutput) -> Optional[int]:
+    """The seed TGI reports: the client's seed, else the server's seed when sampling, else null."""
+    params = out.request.params
+    seed = getattr(params, "seed", None)
+    if seed is not None:
+        return int(seed)
+    if getattr(params, "do_sample", False) and out.request.seed is not None:
+        return int(out.request.seed)
+    return None
+
+
+def tgi_error(out: RequestOutput) -> dict[str, Any]:
+    """TGI's error object for a failed generation."""
+    return {"error": error_message(out), "error_type": "generation"}
+
+
+class TgiFormatter(Formatter):
+    """``tgi``: nothing until finished, then ``[{"generated_text", "details"?}]``."""
+
+    name = "tgi"
+    content_type = "application/json"
+
+    def __call__(self, out: RequestOutput) -> str:
+        if not out.finished:
+            return ""
+        if is_error(out):
+            return dumps_compact(tgi_error(out))
+        body: dict[str, Any] = {"generated_text": out.full_text}
+        if wants_details(out):
+            body["details"] = {
+                "finish_reason": out.finish_reason,
+                "generated_tokens": len(out.tokens),
+                "seed": tgi_seed(out),
+                "prefill": [],
+                "tokens": [tgi_token(t) for t in out.tokens],
+            }
+        return dumps_compact([body])
+
+
+class TgiStreamFormatter(Formatter):
+    """``tgi_stream``: TGI ``/generate_stream`` events, one per new token."""
+
+    name = "tgi_stream"
+    content_type = "text/event-stream"
+
+    def __call__(self, out: RequestOutput) -> str:
+        if out.finished and is_error(out):
+            start = first_new_index(out)
+            events = [self._event(out, start + i, tok, closing=False) for i, tok in enumerate(out.new_tokens)]
+            return "".join(events) + f"data:{dumps_compact(tgi_error(out))}\n\n"
+        return "".join(
+            self._event(out, index, token, closing=closing) for index, token, closing in step_events(out)
+        )
+
+    @staticmethod
+    def _event(out: RequestOutput, index: int, token: Token, *, closing: bool) -> str:
+        details: Optional[dict[str, Any]] = None
+        if closing and wants_details(out):
+            details = {
+                "finish_reason": out.finish_reason,
+                "generated_tokens": len(out.tokens),
+                "seed": tgi_seed(out),
+                "input_length": out.prompt_tokens,
+            }
+        event = {
+            "index": index + 1,
+            "token": tgi_token(token),
+            "generated_text": out.full_text if closing else None,
+            "details": details,
+        }
+        return f"data:{dumps_compact(event)}\n\n"
