@@ -1,0 +1,163 @@
+"""Parse one DJL ``Input`` item (one client request) into a ``Request``.
+
+The parser knows no engine and imports no ML library. Every problem raises an
+``InvalidRequest`` subclass whose message names the field; the caller turns it into that
+request's own error record, so a malformed request never harms its batch neighbours.
+
+Accepted bodies: ``application/json`` (or no Content-Type) with ``inputs`` (string; a list of
+strings in dynamic-batch mode), optional ``parameters`` object and ``stream`` boolean; and
+``text/plain``, whose whole body is the prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
+from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.request.records import CustomFormatter, Request
+
+TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
+META_PARAMETERS = ("stream", "output_formatter")
+
+# A custom input formatter from model.py: (input item, settings) -> a JSON-like request body.
+InputFormatter = Callable[..., Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ParserSettings:
+    """What the parser needs from the model's configuration."""
+
+    engine: str = "huggingface"
+    rolling_batch: bool = True
+    default_output_formatter: Union[str, CustomFormatter, None] = None
+    tgi_compat: bool = False
+    max_new_tokens_limit: int = 4096
+    strict_parameters: bool = True
+    input_formatter: Optional[InputFormatter] = None
+
+
+def decode_body(item: Any) -> Any:
+    """Decode the request body by its Content-Type into a JSON-like value."""
+    raw = _body_bytes(item)
+    ctype = (item.get_property("Content-Type") or "").split(";")[0].strip().lower()
+    if not raw:
+        raise InvalidRequest("request body is empty; send a JSON object with 'inputs'", field="body")
+    try:
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})", field="body") from None
+    if ctype in ("", "application/json", "application/jsonlines") or ctype.endswith("+json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(
+                f"request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                field="body",
+            ) from None
+        except RecursionError:
+            raise InvalidRequest("request body JSON is nested too deeply", field="body") from None
+    if ctype.startswith("text/"):
+        return {"inputs": text}
+    raise UnsupportedMediaType(
+        f"Content-Type '{ctype}' is not supported; use application/json or text/plain", field="Content-Type"
+    )
+
+
+def _body_bytes(item: Any) -> bytes:
+    content = item.get_content()
+    if content.is_empty():
+        return b""
+    value = content.get("data")
+    if value is None:
+        value = content.value_at(0)
+    return bytes(value) if value is not None else b""
+
+
+def parse_request(item: Any, settings: ParserSettings) -> Request:
+    """Parse one Input item; raises ``InvalidRequest`` (with ``field``) on any problem."""
+    if settings.input_formatter is not None:
+        body: Any = settings.input_formatter(item, settings=settings)
+    else:
+        body = decode_body(item)
+    if not isinstance(body, dict):
+        raise InvalidRequest(
+            f"request body must be a JSON object with 'inputs', got {type(body).__name__}", field="body"
+        )
+    unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise InvalidRequest(
+            f"unknown request field(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}", field=unknown[0]
+        )
+    inputs = _check_inputs(body.get("inputs"), settings.rolling_batch)
+    params = body.get("parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise InvalidParameter(f"parameters must be a JSON object, got {type(params).__name__}", field="parameters")
+    params = dict(params)
+    stream = _check_bool(body.get("stream", params.pop("stream", False)), "stream")
+    formatter = params.pop("output_formatter", None) or settings.default_output_formatter
+    if formatter is not None and not isinstance(formatter, str) and not callable(formatter):
+        raise InvalidParameter("parameters.output_formatter must be a string", field="output_formatter")
+    if "seed" not in params:
+        server_seed = _server_seed(item)
+        if server_seed is not None:
+            params["seed"] = server_seed
+    gen = GenerationParameters.from_dict(
+        params,
+        settings.engine,
+        max_new_tokens_limit=settings.max_new_tokens_limit,
+        strict=settings.strict_parameters,
+    )
+    prompt = inputs if isinstance(inputs, str) else inputs[0]
+    return Request(
+        prompt=prompt,
+        params=gen,
+        stream=stream,
+        output_formatter=formatter if formatter is not None else ("jsonlines" if stream else "json"),
+        inputs=inputs,
+        seed=gen.seed,
+        properties=dict(item.get_properties()),
+    )
+
+
+def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:
+    if value is None:
+        raise InvalidRequest("missing required field 'inputs'", field="inputs")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and not rolling:
+        if not value:
+            raise InvalidRequest("inputs must not be an empty list", field="inputs")
+        for i, v in enumerate(value):
+            if not isinstance(v, str):
+                raise InvalidRequest(f"inputs[{i}] must be a string, got {type(v).__name__}", field="inputs")
+        return list(value)
+    if isinstance(value, list):
+        raise InvalidRequest(
+            "inputs must be a string with rolling batch; send one request per prompt "
+            "(lists are accepted only with option.rolling_batch=disable)",
+            field="inputs",
+        )
+    raise InvalidRequest(f"inputs must be a string, got {type(value).__name__}", field="inputs")
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false, got {json.dumps(value)}", field=name)
+    return value
+
+
+def _server_seed(item: Any) -> Optional[int]:
+    """The random seed DJL's Java side adds as content ``seed`` on a request's first step."""
+    content = item.get_content()
+    value = content.get("seed")
+    if value is None:
+        return None
+    try:
+        return int(bytes(value).decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return None

@@ -1,0 +1,131 @@
+"""Dynamic (static) batch mode: whole generations for a batch of requests at once.
+
+Requests with different parameters are grouped, not rejected: each group of identical
+``GenerationParameters`` runs as one padded batch through ``engine.generate_static`` (the
+engine's ``generate()`` path) when the engine has it, else through the step loop. The same
+``RequestSlot`` logic as the rolling batch turns token ids into text and applies stops, so both
+modes agree on text, stop sequences and finish reasons.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from itertools import count
+from typing import Any, Sequence
+
+from djl_handlers.engines.base import Engine, EngineRequest, StepOutput
+from djl_handlers.errors import error_body
+from djl_handlers.request.records import Request
+from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
+
+_IDS = count(1 << 40)
+
+
+class _NoFormatter:
+    content_type = "application/json"
+
+    def __call__(self, out: Any) -> str:
+        return ""
+
+
+def _prompts(request: Request) -> list[str]:
+    return [request.inputs] if isinstance(request.inputs, str) else list(request.inputs)
+
+
+def _new_slot(engine: Engine, request: Request, prompt: str) -> tuple[RequestSlot, list[int]]:
+    ids = tokenize_prompt(engine, request, prompt)
+    sub = Request(prompt=prompt, params=request.params, inputs=prompt)
+    slot = RequestSlot(
+        sub, _NoFormatter(), next(_IDS), ids, engine.tokenizer, engine.eos_token_ids, engine.max_model_len
+    )
+    return slot, ids
+
+
+def run_dynamic_batch(engine: Engine, requests: Sequence[Request]) -> list[Any]:
+    """One body per request: ``[{"generated_text": ...}, ...]`` (one per prompt) or an error body."""
+    slots: dict[int, list[RequestSlot]] = {}
+    errors: dict[int, Any] = {}
+    groups: dict[Any, list[tuple[RequestSlot, list[int]]]] = defaultdict(list)
+    for index, request in enumerate(requests):
+        try:
+            made = [_new_slot(engine, request, p) for p in _prompts(request)]
+        except Exception as exc:  # noqa: BLE001 - this request's own error
+            errors[index] = error_body(exc)
+            continue
+        slots[index] = [s for s, _ in made]
+        groups[request.params].extend(made)
+    for members in groups.values():
+        _run_group(engine, members)
+    bodies: list[Any] = []
+    for index in range(len(requests)):
+        if index in errors:
+            bodies.append(errors[index])
+        elif any(s.output.error for s in slots[index]):
+            failed = next(s for s in slots[index] if s.output.error)
+            bodies.append({"code": failed.output.error_code, "message": "prediction failure",
+                           "error": failed.output.error, "type": "engine_error"})
+        else:
+            bodies.append([{"generated_text": s.output.full_text} for s in slots[index]])
+    return bodies
+
+
+def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> None:
+    reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt) for s, ids in members]
+    generate_static = getattr(engine, "generate_static", None)
+    try:
+        if generate_static is not None:
+            for (slot, _), outputs in zip(members, generate_static(reqs)):
+                for step in outputs:
+                    slot.consume(step)
+                    if slot.finished:
+                        break
+                slot.finish("length")  # generate() stopped on its own limits
+        else:
+            _step_loop(engine, reqs, {s.request_id: s for s, _ in members})
+    except Exception as exc:  # noqa: BLE001 - fail this group only
+        for slot, _ in members:
+            slot.fail(f"generation failed: {exc}")
+
+
+def _step_loop(engine: Engine, reqs: list[EngineRequest], by_id: dict[int, RequestSlot]) -> None:
+    for req in reqs:
+        engine.add_request(req)
+    live = set(by_id)
+    while live:
+        for step in engine.step():
+            slot = by_id.get(step.request_id)
+            if slot is not None:
+                slot.consume(step)
+        for rid in [r for r in live if by_id[r].finished]:
+            engine.release(rid)
+            live.discard(rid)
+
+
+def stream_dynamic_request(engine: Engine, request: Request) -> Iterator[list[str]]:
+    """Streaming for one dynamic-batch request: yields, per step, the new text of each prompt
+    (DJL's default stream formatter turns each list into an ``{"outputs": [...]}`` line)."""
+    made = [_new_slot(engine, request, p) for p in _prompts(request)]
+    by_id = {s.request_id: s for s, _ in made}
+    for slot, ids in made:
+        engine.add_request(EngineRequest(slot.request_id, ids, request.params, slot.request.prompt))
+    live = set(by_id)
+    try:
+        while live:
+            steps: list[StepOutput] = engine.step()
+            for step in steps:
+                if step.request_id in by_id:
+                    by_id[step.request_id].consume(step)
+            line = []
+            for slot, _ in made:
+                line.append("".join(t.text for t in slot.output.new_tokens))
+                slot.output.new_tokens = []
+                if slot.output.error:
+                    raise RuntimeError(slot.output.error)
+            for rid in [r for r in live if by_id[r].finished]:
+                engine.release(rid)
+                live.discard(rid)
+            yield line
+    finally:
+        for rid in live:
+            engine.release(rid)

@@ -1,0 +1,141 @@
+"""The rolling (continuous) batch: DJL's slot protocol on top of an engine.
+
+DJL's Java front end identifies requests by position: every step it resends the whole list of
+in-flight requests (new ones appended at the end, with their bodies; continuing ones with empty
+bodies) and expects exactly one record per position back. A request leaves the list on both
+sides once its record says ``last``. ``RollingBatch`` keeps the Python side of that list.
+
+Errors are isolated: a request that fails to parse, tokenize or sample gets its own error record;
+an exception from the engine's batched step fails only the requests that were in that step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from djl_handlers.engines.base import Engine, EngineRequest
+from djl_handlers.errors import DjlHandlersError, message_of, status_of
+from djl_handlers.request.records import Request
+from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
+
+LOG = logging.getLogger(__name__)
+
+FormatterFactory = Callable[[Request], Any]
+
+
+class RollingBatch:
+    """The Python half of DJL's rolling-batch loop for one engine."""
+
+    def __init__(self, engine: Engine, formatter_factory: FormatterFactory, max_slots: int = 32) -> None:
+        self.engine = engine
+        self._formatter_factory = formatter_factory
+        self.max_slots = max_slots
+        self.slots: list[RequestSlot] = []
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    # -- admission ---------------------------------------------------------------------------
+    def add_request(self, request: Request) -> RequestSlot:
+        """Append a parsed request; failures become an error slot, never an exception."""
+        slot_id = self._new_id()
+        try:
+            formatter = self._formatter_factory(request)
+        except DjlHandlersError as exc:
+            return self.add_error(exc, request)
+        try:
+            prompt_ids = self._tokenize(request)
+        except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
+            slot = RequestSlot(request, formatter, slot_id)
+            slot.fail(message_of(exc), status_of(exc))
+            self.slots.append(slot)
+            return slot
+        slot = RequestSlot(
+            request,
+            formatter,
+            slot_id,
+            prompt_ids,
+            tokenizer=self.engine.tokenizer,
+            eos_token_ids=self.engine.eos_token_ids,
+            max_model_len=self.engine.max_model_len,
+        )
+        self.slots.append(slot)
+        try:
+            self.engine.add_request(EngineRequest(slot_id, prompt_ids, request.params, request.prompt))
+            slot.in_engine = True
+        except Exception as exc:  # noqa: BLE001
+            slot.fail(message_of(exc), status_of(exc))
+        return slot
+
+    def add_error(self, exc: BaseException, request: Optional[Request] = None) -> RequestSlot:
+        """Append a slot for a request that could not be parsed; it reports the error at once."""
+        from djl_handlers.formatting import get_formatter
+
+        stub = request or _error_request()
+        slot = RequestSlot(stub, get_formatter("json", stream=False), self._new_id())
+        slot.fail(message_of(exc), status_of(exc))
+        self.slots.append(slot)
+        return slot
+
+    def _tokenize(self, request: Request) -> list[int]:
+        return tokenize_prompt(self.engine, request)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    # -- stepping ----------------------------------------------------------------------------
+    def cancel(self, index: int) -> None:
+        """Finish the request at ``index`` (its client went away)."""
+        if 0 <= index < len(self.slots):
+            self.slots[index].cancel()
+
+    def step(self) -> list[tuple[dict[str, Any], str]]:
+        """Advance every request by one step; return one (record, content type) per slot, in
+        order, and drop finished slots."""
+        self._run_engine()
+        results: list[tuple[dict[str, Any], str]] = []
+        for slot in self.slots:
+            if slot.finished and slot.in_engine:
+                self._release(slot)
+            results.append((slot.record(), slot.content_type))
+        self.slots = [s for s in self.slots if not s.finished]
+        return results
+
+    def _run_engine(self) -> None:
+        if not any(s.in_engine and not s.finished for s in self.slots):
+            return
+        by_id = {s.request_id: s for s in self.slots if s.in_engine}
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - the batch failed; fail its members only
+            LOG.exception("engine step failed; failing the %d requests in it", len(by_id))
+            for slot in by_id.values():
+                slot.fail(f"engine step failed: {message_of(exc)}", status_of(exc))
+            return
+        for out in outputs:
+            slot = by_id.get(out.request_id)
+            if slot is not None:
+                slot.consume(out)
+
+    def _release(self, slot: RequestSlot) -> None:
+        slot.in_engine = False
+        try:
+            self.engine.release(slot.request_id)
+        except Exception:  # noqa: BLE001 - releasing must never break the batch
+            LOG.exception("engine.release(%s) failed", slot.request_id)
+
+    def reset(self) -> None:
+        """Drop every request (DJL sends ``reset_rollingbatch`` after a failure)."""
+        for slot in self.slots:
+            if slot.in_engine:
+                self._release(slot)
+        self.slots = []
+
+
+def _error_request() -> Request:
+    from djl_handlers.params.generation import GenerationParameters
+
+    return Request(prompt="", params=GenerationParameters())

@@ -1,0 +1,160 @@
+"""RequestSlot: one request's life in the rolling batch, from first token to its last record.
+
+The slot turns the engine's ``StepOutput`` into ``Token`` records (detokenizing when the engine
+returns bare ids), applies the stopping criteria (eos, stop sequences, max_new_tokens, context
+length), and asks the request's formatter for the text to send after each step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from djl_handlers.engines.base import Engine, StepOutput, Tokenizer
+from djl_handlers.errors import PromptTooLong
+from djl_handlers.request.records import Request, RequestOutput, Token
+from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
+from djl_handlers.scheduling.stopping import StopSequenceMatcher
+
+if TYPE_CHECKING:
+    from djl_handlers.formatting import Formatter
+
+
+class RequestSlot:
+    """State of one request inside the rolling batch."""
+
+    def __init__(
+        self,
+        request: Request,
+        formatter: "Formatter",
+        request_id: int,
+        prompt_ids: Sequence[int] = (),
+        tokenizer: Optional[Tokenizer] = None,
+        eos_token_ids: frozenset[int] = frozenset(),
+        max_model_len: int = 1 << 30,
+    ) -> None:
+        self.request = request
+        self.formatter = formatter
+        self.request_id = request_id
+        self.output = RequestOutput(request=request, prompt_tokens=len(prompt_ids))
+        self.in_engine = False
+        self.cancelled = False
+        params = request.params
+        self._detok = (
+            IncrementalDetokenizer(tokenizer, prompt_ids, params_skip_special(params)) if tokenizer else None
+        )
+        self._eos = frozenset() if getattr(params, "ignore_eos_token", False) else eos_token_ids
+        self._stops = StopSequenceMatcher(params.stop_sequences or ())
+        self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
+
+    # -- state changes -------------------------------------------------------------------------
+    @property
+    def finished(self) -> bool:
+        return self.output.finished
+
+    def finish(self, reason: str) -> None:
+        """Mark the request finished; flushes any text the detokenizer still holds."""
+        out = self.output
+        if out.finished:
+            return
+        if self._detok is not None and reason != "error":
+            tail = self._detok.flush()
+            if tail and out.tokens:
+                self._replace_last_text(out.tokens[-1].text + tail)
+        out.finished = True
+        out.finish_reason = reason
+
+    def fail(self, message: str, code: int = 424) -> None:
+        """Finish the request with an error; it gets an error record instead of text."""
+        self.output.error = message or "request failed"
+        self.output.error_code = code
+        self.finish("error")
+
+    def cancel(self) -> None:
+        """The client went away: finish at once, silently."""
+        self.cancelled = True
+        self.finish("cancelled")
+
+    def consume(self, step: StepOutput) -> None:
+        """Apply one engine step's output for this request."""
+        if self.output.finished:
+            return
+        if step.error is not None:
+            self.fail(step.error)
+            return
+        is_eos = step.token_id in self._eos
+        if step.text is not None:
+            text = step.text
+        elif is_eos or self._detok is None:
+            text = ""
+        else:
+            text = self._detok.push(step.token_id)
+        token = Token(step.token_id, text, step.log_prob, special=is_eos)
+        self.output.tokens.append(token)
+        self.output.new_tokens.append(token)
+        self._check_stop(step, is_eos)
+
+    def _check_stop(self, step: StepOutput, is_eos: bool) -> None:
+        if step.finish_reason is not None:
+            self.finish(step.finish_reason)
+            return
+        if is_eos:
+            self.finish("eos_token")
+            return
+        if self._stops and self.output.new_tokens[-1].text:
+            match = self._stops.check(self.output.generated_text)
+            if match is not None:
+                excess = len(self.output.generated_text) - match.end
+                if excess > 0:
+                    last = self.output.tokens[-1].text
+                    self._replace_last_text(last[: len(last) - excess])
+                self.output.finished = True  # no flush: the text after the stop is dropped
+                self.output.finish_reason = "stop_sequence"
+                return
+        if len(self.output.tokens) >= self._limit:
+            self.finish("length")
+
+    def _replace_last_text(self, text: str) -> None:
+        out = self.output
+        old = out.tokens[-1]
+        new = Token(old.id, text, old.log_prob, old.special)
+        out.tokens[-1] = new
+        if out.new_tokens and out.new_tokens[-1] is old:
+            out.new_tokens[-1] = new
+
+    # -- output ----------------------------------------------------------------------------------
+    def record(self) -> dict[str, Any]:
+        """The rolling-batch record for this step (DJL keys data/last/code/error)."""
+        out = self.output
+        if out.error is not None:
+            return {"data": "", "last": True, "code": out.error_code or 424, "error": out.error}
+        data = "" if self.cancelled else self.formatter(out)
+        out.new_tokens = []
+        return {"data": data, "last": out.finished}
+
+    @property
+    def content_type(self) -> str:
+        return "application/json" if self.output.error is not None else self.formatter.content_type
+
+
+def params_skip_special(params: Any) -> bool:
+    """skip_special_tokens from the parameters (default True)."""
+    return bool(getattr(params, "skip_special_tokens", True))
+
+
+def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = None) -> list[int]:
+    """Token ids of the request's prompt, truncated by ``parameters.truncate`` (keeping the end)
+    and checked against the model's context length."""
+    ids = list(engine.tokenizer.encode(request.prompt if prompt is None else prompt))
+    truncate = request.params.truncate
+    if truncate is not None and len(ids) > truncate:
+        ids = ids[-truncate:]
+    if not ids:
+        raise PromptTooLong("inputs is empty after tokenization", field="inputs")
+    limit = engine.max_model_len
+    if len(ids) >= limit:
+        raise PromptTooLong(
+            f"inputs has {len(ids)} tokens but the model allows at most {limit - 1} "
+            f"(max_model_len {limit}); shorten the prompt or set parameters.truncate",
+            field="inputs",
+        )
+    return ids
