@@ -148,7 +148,7 @@ def is_legacy_formatter(fn: Callable[..., Any]) -> bool:
         return False
     annotation = positional[0].annotation
     label = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    return label == "Token"
+    return str(label).strip("'\"").rsplit(".", 1)[-1] == "Token"
 
 
 @dataclasses.dataclass

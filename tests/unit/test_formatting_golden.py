@@ -1,0 +1,188 @@
+"""Golden files lock the exact bytes of every formatter on a set of step-by-step scenarios.
+
+Each scenario is a sequence of scheduler steps (tokens added per step, possibly none, possibly
+several); the formatter is called once per step and the concatenated body is compared with
+``tests/golden/formatting/<format>/<scenario>.txt``. Regenerate after a deliberate change with
+``UPDATE_GOLDEN=1`` and review the diff. ``docs/schema.md`` embeds some goldens verbatim and a
+test here keeps it in sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from djl_handlers.formatting import get_formatter
+from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.request.records import Request, RequestOutput, Token
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "formatting"
+SCHEMA_DOC = ROOT / "docs" / "schema.md"
+
+FORMATS = [
+    "json",
+    "jsonlines",
+    "none",
+    "sse",
+    "tgi",
+    "tgi_stream",
+    "3p",
+    "3p_stream",
+    "chat_json",
+    "chat_sse",
+    "completion_json",
+    "completion_sse",
+    "json_chat",
+    "jsonlines_chat",
+]
+OPENAI_EXTRA = {"id": "cmpl-0001", "created": 1700000000, "model": "smollm2"}
+
+
+@dataclass
+class Scenario:
+    """A request and its step-by-step generation."""
+
+    steps: list[list[Token]]
+    finish_reason: str
+    prompt: str = "What is Deep Learning?"
+    details: bool = False
+    return_full_text: bool = False
+    error: Optional[str] = None
+    error_code: Optional[int] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    seed: Optional[int] = None
+
+
+T = Token
+SCENARIOS: dict[str, Scenario] = {
+    "basic": Scenario(
+        steps=[
+            [T(304, "Deep", -0.05)],
+            [T(11157, " Learning", -1.25), T(278, " is", -0.0078125)],
+            [],
+            [T(5972, " fun.", -0.5)],
+        ],
+        finish_reason="length",
+    ),
+    "details": Scenario(
+        steps=[[T(304, "Deep", -0.05)], [T(11157, " Learning", -1.25)], [T(278, " is", -0.0078125)]],
+        finish_reason="length",
+        details=True,
+        seed=42,
+    ),
+    "full_text_escape": Scenario(
+        steps=[[T(7, 'Un "café"', -0.25)], [T(8, "\n\t🙂", 0.0)], [T(9, " \\o/", None)]],
+        finish_reason="eos_token",
+        prompt='Say "hi"\n\tto \\ me: ',
+        details=True,
+        return_full_text=True,
+    ),
+    "single_token": Scenario(steps=[[T(42, "Yes", -0.125)]], finish_reason="eos_token", details=True),
+    "stop_trimmed": Scenario(
+        steps=[[T(11, "One", -0.5)], [T(12, " two", -0.25)], []],
+        finish_reason="stop_sequence",
+        details=True,
+    ),
+    "error": Scenario(
+        steps=[[T(11, "One", -0.5)], []],
+        finish_reason="error",
+        error="engine failed: out of blocks",
+        error_code=424,
+    ),
+    "openai_options": Scenario(
+        steps=[[T(304, "Deep", -0.05)], [T(11157, " Learning", -1.25), T(278, " is", -0.0078125)]],
+        finish_reason="eos_token",
+        extra={"logprobs": True, "top_logprobs": 1, "stream_options": {"include_usage": True}},
+    ),
+}
+CASES = [(f, s) for f in FORMATS for s in SCENARIOS if s != "openai_options"] + [
+    (f, "openai_options") for f in ("chat_json", "chat_sse", "json_chat", "jsonlines_chat")
+]
+
+
+def build_output(sc: Scenario) -> RequestOutput:
+    """A fresh RequestOutput for a scenario (no tokens yet)."""
+    params = GenerationParameters(details=sc.details, return_full_text=sc.return_full_text)
+    extra = {**OPENAI_EXTRA, **json.loads(json.dumps(sc.extra))}
+    request = Request(prompt=sc.prompt, params=params, inputs=sc.prompt, seed=sc.seed, extra=extra)
+    return RequestOutput(request=request, prompt_tokens=len(sc.prompt.split()))
+
+
+def run_steps(name: str, sc: Scenario) -> list[str]:
+    """Drive a formatter through a scenario like the scheduler does; one chunk per step."""
+    fmt = get_formatter(name, stream=False)
+    out = build_output(sc)
+    chunks = []
+    for i, step in enumerate(sc.steps):
+        out.new_tokens = list(step)
+        out.tokens.extend(step)
+        if i == len(sc.steps) - 1:
+            out.finished = True
+            out.finish_reason = sc.finish_reason
+            out.error = sc.error
+            out.error_code = sc.error_code
+        chunks.append(fmt(out))
+    return chunks
+
+
+def golden_path(fmt: str, scenario: str) -> Path:
+    """Where a golden body lives."""
+    return GOLDEN / fmt / f"{scenario}.txt"
+
+
+def read_golden(fmt: str, scenario: str) -> str:
+    """The golden bytes, decoded as UTF-8 without newline translation."""
+    return golden_path(fmt, scenario).read_bytes().decode("utf-8")
+
+
+@pytest.mark.parametrize(("fmt", "scenario"), CASES)
+def test_golden_bytes(fmt: str, scenario: str) -> None:
+    body = "".join(run_steps(fmt, SCENARIOS[scenario]))
+    path = golden_path(fmt, scenario)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body.encode("utf-8"))
+    assert body == read_golden(fmt, scenario)
+
+
+def test_every_golden_file_is_exercised() -> None:
+    expected = {golden_path(f, s) for f, s in CASES}
+    present = set(GOLDEN.glob("*/*.txt"))
+    assert present == expected
+
+
+# Goldens shown in docs/schema.md; the doc must quote them byte for byte.
+DOC_EXAMPLES = [
+    ("json", "basic"),
+    ("json", "details"),
+    ("json", "error"),
+    ("jsonlines", "basic"),
+    ("jsonlines", "details"),
+    ("jsonlines", "stop_trimmed"),
+    ("jsonlines", "error"),
+    ("sse", "details"),
+    ("none", "basic"),
+    ("tgi", "details"),
+    ("tgi_stream", "details"),
+    ("tgi_stream", "error"),
+    ("3p", "details"),
+    ("3p_stream", "details"),
+    ("chat_json", "openai_options"),
+    ("chat_sse", "details"),
+    ("chat_sse", "error"),
+    ("completion_json", "details"),
+    ("completion_sse", "details"),
+    ("jsonlines_chat", "details"),
+]
+
+
+@pytest.mark.parametrize(("fmt", "scenario"), DOC_EXAMPLES)
+def test_schema_doc_quotes_golden(fmt: str, scenario: str) -> None:
+    doc = SCHEMA_DOC.read_text(encoding="utf-8")
+    assert read_golden(fmt, scenario).rstrip("\n") in doc
