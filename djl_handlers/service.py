@@ -52,18 +52,18 @@ class InferenceService:
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config, self.engine_name)
         self.engine = factory(config)
-        self.hooks = load_hooks(getattr(config, "model_dir", None) or properties.get("model_dir"))
-        rolling = config.resolved_rolling_batch() != "disable"
+        self.hooks = load_hooks(config.model_dir)
+        rolling = config.is_rolling
         self.settings = ParserSettings(
-            engine=config.parameter_engine() if hasattr(config, "parameter_engine") else self.engine_name,
+            engine=config.params_engine,
             rolling_batch=rolling,
             default_output_formatter=self.hooks.output_formatter or config.output_formatter,
-            tgi_compat=bool(getattr(config, "tgi_compat", False)),
-            max_new_tokens_limit=int(getattr(config, "max_new_tokens_limit", 4096)),
-            strict_parameters=bool(getattr(config, "strict_parameters", True)),
+            tgi_compat=config.tgi_compat,
+            max_new_tokens_limit=config.max_new_tokens_limit,
+            strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
         )
-        self.streaming = str(getattr(config, "enable_streaming", "false")).lower() in ("true", "huggingface")
+        self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
             self.rolling = RollingBatch(self.engine, self._formatter_for, int(config.max_rolling_batch_size))
         self.config = config
@@ -156,8 +156,7 @@ def _with_seed(request: Request, seed: int) -> Request:
 def _registry_factory(config: Any, engine_name: str) -> EngineFactory:
     from djl_handlers.engines.registry import load_engine_class
 
-    name = config.engine_impl() if hasattr(config, "engine_impl") else engine_name
-    return load_engine_class(name).from_config  # type: ignore[no-any-return]
+    return load_engine_class(config.serving_engine).from_config  # type: ignore[no-any-return]
 
 
 class LazyService:

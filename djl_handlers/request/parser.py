@@ -117,7 +117,7 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         prompt=prompt,
         params=gen,
         stream=stream,
-        output_formatter=formatter if formatter is not None else ("jsonlines" if stream else "json"),
+        output_formatter=formatter,
         inputs=inputs,
         seed=gen.seed,
         properties=dict(item.get_properties()),

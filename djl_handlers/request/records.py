@@ -50,7 +50,7 @@ class Request:
     prompt: str
     params: "GenerationParameters"
     stream: bool = False
-    output_formatter: Union[str, CustomFormatter] = "json"
+    output_formatter: Union[str, CustomFormatter, None] = None
     inputs: Any = None
     seed: Optional[int] = None
     properties: dict[str, str] = field(default_factory=dict)
