@@ -62,12 +62,8 @@ def encode_json(value: Any) -> bytearray:
 
 
 def default_stream_output_formatter(item: Any) -> bytearray:
-    """DJL's default stream formatter: one ``{"outputs": item}`` JSON line (``json.dumps`` defaults).
-
-    An exception item becomes ``{"error_msg": str(item)}``.
-    """
-    wrapped = {"error_msg": str(item)} if isinstance(item, Exception) else {"outputs": item}
-    return bytearray((json.dumps(wrapped) + "\n").encode("utf-8"))
+    """DJL's default stream formatter: one ``{"outputs": item}`` JSON line (``json.dumps`` defaults)."""
+    return bytearray((json.dumps({"outputs": item}) + "\n").encode("utf-8"))
 
 
 def _to_chunk_bytes(item: Any) -> bytes:
@@ -143,7 +139,8 @@ class Output:
     # ------------------------------------------------------------------------------- content
 
     def add(self, value: Any, key: Any = None, batch_index: int | None = None) -> Output:
-        """Append a content entry: ``str`` as UTF-8, bytes-like as is, anything else as DJL JSON.
+        """Append a content entry: ``str`` as UTF-8 ``bytes``, ``bytes``/``bytearray`` as a
+        ``bytearray``, anything else as DJL JSON (the value types djl_python stores).
 
         ``batch_index`` turns the key into ``batch_{i}.{key}``, the dynamic-batch response key.
         """
@@ -153,7 +150,7 @@ class Output:
         if batch_index is not None:
             key = f"batch_{batch_index}.{'' if key is None else key}"
         if type(value) is str:
-            self.content.add(key=key, value=bytearray(value.encode("utf-8")))
+            self.content.add(key=key, value=value.encode("utf-8"))
         elif type(value) is bytearray:
             self.content.add(key=key, value=value)
         elif type(value) is bytes:

@@ -46,15 +46,18 @@ class PairList:
         index: int | None = None,
         pair: tuple[Any, Any] | None = None,
     ) -> None:
-        """Append ``(key, value)``, insert it at ``index``, or append ``pair``; ``value=None`` is ignored."""
-        if pair is not None:
-            key, value = pair
-        if value is None:
-            return
-        if index is not None:
+        """Insert ``(key, value)`` at ``index``, else append ``pair``, else append ``(key, value)``.
+
+        As in djl_python a ``None`` value is ignored (a ``pair`` is appended as given); empty values
+        such as ``b""`` are kept.
+        """
+        if index is not None and value is not None:
             self.keys.insert(index, key)
             self.values.insert(index, value)
-        else:
+        elif pair:
+            self.keys.append(pair[0])
+            self.values.append(pair[1])
+        elif value is not None:
             self.keys.append(key)
             self.values.append(value)
 
