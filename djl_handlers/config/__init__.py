@@ -1,1 +1,29 @@
-"""djl_handlers.config"""
+"""Model configuration: serving.properties + ``OPTION_*`` env → a validated ``ServingConfig``."""
+
+from djl_handlers.config.models import (
+    DeepSpeedOptions,
+    HuggingFaceOptions,
+    ServingConfig,
+    TrtLlmOptions,
+    VllmOptions,
+)
+from djl_handlers.config.properties import (
+    ModelProperties,
+    load_model_properties,
+    parse_properties,
+    read_serving_properties,
+    resolve_entry_point,
+)
+
+__all__ = [
+    "DeepSpeedOptions",
+    "HuggingFaceOptions",
+    "ModelProperties",
+    "ServingConfig",
+    "TrtLlmOptions",
+    "VllmOptions",
+    "load_model_properties",
+    "parse_properties",
+    "read_serving_properties",
+    "resolve_entry_point",
+]

@@ -1,0 +1,384 @@
+"""``ServingConfig``: every model option typed and validated in one place.
+
+Built from the option map DJL's init call sends (``option.*`` keys, prefix stripped) and the
+server keys (``batch_size`` ...). A wrong value raises ``ConfigError`` naming the key, the bad
+value and what is allowed; ``ConfigError.field`` is the key. Unknown option keys are kept in
+``raw`` and are not an error (DJL passes many keys that are not ours). Empty values count as
+unset. Booleans accept ``true``/``false``/``1``/``0`` (case-insensitive, blanks trimmed).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from djl_handlers.errors import ConfigError
+
+ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
+ROLLING_BATCH: tuple[str, ...] = ("auto", "scheduler", "disable", "lmi-dist", "vllm", "trtllm", "deepspeed")
+DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "auto")
+STREAMING: tuple[str, ...] = ("false", "true", "huggingface")
+
+# Which option.rolling_batch values each handler engine accepts (DJL's HF handler hands
+# vllm/lmi-dist to vLLM; TRT-LLM and DeepSpeed accept only their own value, auto and disable).
+ROLLING_BY_ENGINE: Mapping[str, tuple[str, ...]] = {
+    "huggingface": ("auto", "scheduler", "disable", "vllm", "lmi-dist"),
+    "deepspeed": ("auto", "deepspeed", "scheduler", "disable"),
+    "tensorrt_llm": ("auto", "trtllm", "disable"),
+    "vllm": ("auto", "vllm", "lmi-dist"),
+    "lmi-dist": ("auto", "lmi-dist", "vllm"),
+}
+_AUTO_ROLLING: Mapping[str, str] = {
+    "huggingface": "scheduler", "deepspeed": "scheduler", "tensorrt_llm": "trtllm",
+    "vllm": "vllm", "lmi-dist": "lmi-dist",
+}
+_TRUE = frozenset({"true", "1"})
+_FALSE = frozenset({"false", "0"})
+_DEVICE = re.compile(r"cpu|cuda|cuda:\d+|mps|auto")
+
+
+class _Reader:
+    """Typed access to the option/server maps; every failure is a ``ConfigError``."""
+
+    def __init__(self, options: Mapping[str, str], server: Mapping[str, str]) -> None:
+        self.options = options
+        self.server = server
+
+    def get(self, key: str, *aliases: str, server: bool = False) -> tuple[str, str] | None:
+        """``(label, stripped value)`` of the first non-empty key; server keys looked up first."""
+        for name in (key, *aliases):
+            if server and str(self.server.get(name, "")).strip():
+                return name, str(self.server[name]).strip()
+            value = str(self.options.get(name, "")).strip()
+            if value:
+                return f"option.{name}", value
+        return None
+
+    @staticmethod
+    def fail(label: str, value: str, allowed: str) -> ConfigError:
+        """The one error shape: key, bad value, what is allowed."""
+        return ConfigError(f"{label}={value!r} is invalid; allowed: {allowed}", field=label)
+
+    def text(self, key: str, default: str | None = None, *aliases: str) -> str | None:
+        found = self.get(key, *aliases)
+        return found[1] if found else default
+
+    def boolean(self, key: str, default: bool) -> bool:
+        found = self.get(key)
+        if found is None:
+            return default
+        word = found[1].lower()
+        if word in _TRUE or word in _FALSE:
+            return word in _TRUE
+        raise self.fail(*found, "true, false, 1 or 0 (case-insensitive)")
+
+    def integer(self, key: str, default: int | None, minimum: int = 0, *,
+                server: bool = False) -> int | None:
+        found = self.get(key, server=server)
+        if found is None:
+            return default
+        label, value = found
+        if not re.fullmatch(r"-?\d{1,18}", value) or int(value) < minimum:
+            raise self.fail(label, value, f"an integer >= {minimum}")
+        return int(value)
+
+    def number(self, key: str, default: float, low: float, high: float) -> float:
+        found = self.get(key)
+        if found is None:
+            return default
+        label, value = found
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (low < number <= high):
+            raise self.fail(label, value, f"a number in ({low}, {high}]")
+        return number
+
+    def choice(self, key: str, default: str, allowed: tuple[str, ...], *aliases: str) -> str:
+        found = self.get(key, *aliases)
+        if found is None:
+            return default
+        word = found[1].lower()
+        if word not in allowed:
+            raise self.fail(found[0], found[1], ", ".join(allowed))
+        return word
+
+
+@dataclass(frozen=True)
+class HuggingFaceOptions:
+    """transformers/accelerate loading options (``hf_properties.py`` in DJL)."""
+
+    low_cpu_mem_usage: bool = False
+    device_map: str | None = None
+    attn_implementation: str | None = None
+    task: str | None = None
+    quantize: str | None = None
+
+
+@dataclass(frozen=True)
+class DeepSpeedOptions:
+    """DeepSpeed inference options (``ds_properties.py`` in DJL)."""
+
+    quantize: str | None = None
+    max_tokens: int = 1024
+    enable_cuda_graph: bool = False
+    triangular_masking: bool = True
+    return_tuple: bool = True
+    training_mp_size: int = 1
+    checkpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """vLLM engine options (``vllm_rb_properties.py`` in DJL)."""
+
+    max_model_len: int | None = None
+    enforce_eager: bool = False
+    gpu_memory_utilization: float = 0.9
+    max_rolling_batch_prefill_tokens: int | None = None
+    load_format: str = "auto"
+    quantize: str | None = None
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+
+
+@dataclass(frozen=True)
+class TrtLlmOptions:
+    """TensorRT-LLM LLM-API options (``trt_properties.py`` in DJL plus the KV-cache knobs)."""
+
+    max_output_len: int | None = None
+    max_num_tokens: int | None = None
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    enable_kv_cache_reuse: bool = False
+    batch_scheduler_policy: str = "max_utilization"
+
+
+def _hf(r: _Reader) -> HuggingFaceOptions:
+    quantize = r.choice("quantize", "", ("", "bitsandbytes4", "bitsandbytes8", "gptq", "awq"))
+    attn = r.choice("attn_implementation", "", ("", "eager", "sdpa", "flash_attention_2",
+                                                 "flash_attention_3", "flex_attention"))
+    return HuggingFaceOptions(
+        low_cpu_mem_usage=r.boolean("low_cpu_mem_usage", False),
+        device_map=r.text("device_map"),
+        attn_implementation=attn or None,
+        task=r.text("task"),
+        quantize=quantize or None,
+    )
+
+
+def _deepspeed(r: _Reader) -> DeepSpeedOptions:
+    quantize = r.choice("quantize", "", ("", "smoothquant", "dynamic_int8"))
+    return DeepSpeedOptions(
+        quantize=quantize or None,
+        max_tokens=r.integer("max_tokens", 1024, 1) or 1024,
+        enable_cuda_graph=r.boolean("enable_cuda_graph", False),
+        triangular_masking=r.boolean("triangular_masking", True),
+        return_tuple=r.boolean("return_tuple", True),
+        training_mp_size=r.integer("training_mp_size", 1, 1) or 1,
+        checkpoint=r.text("checkpoint"),
+    )
+
+
+def _vllm(r: _Reader) -> VllmOptions:
+    return VllmOptions(
+        max_model_len=r.integer("max_model_len", None, 1),
+        enforce_eager=r.boolean("enforce_eager", False),
+        gpu_memory_utilization=r.number("gpu_memory_utilization", 0.9, 0.0, 1.0),
+        max_rolling_batch_prefill_tokens=r.integer("max_rolling_batch_prefill_tokens", None, 1),
+        load_format=r.text("load_format", "auto") or "auto",
+        quantize=r.text("quantize"),
+        enable_lora=r.boolean("enable_lora", False),
+        max_loras=r.integer("max_loras", 4, 1) or 4,
+        max_lora_rank=r.integer("max_lora_rank", 16, 1) or 16,
+    )
+
+
+def _trtllm(r: _Reader) -> TrtLlmOptions:
+    policy = r.choice("batch_scheduler_policy", "max_utilization",
+                      ("max_utilization", "guaranteed_no_evict"))
+    return TrtLlmOptions(
+        max_output_len=r.integer("max_output_len", None, 1),
+        max_num_tokens=r.integer("max_num_tokens", None, 1),
+        kv_cache_free_gpu_mem_fraction=r.number("kv_cache_free_gpu_mem_fraction", 0.9, 0.0, 1.0),
+        enable_kv_cache_reuse=r.boolean("enable_kv_cache_reuse", False),
+        batch_scheduler_policy=policy,
+    )
+
+
+def _tensor_parallel(r: _Reader, device: str) -> int:
+    """``max`` → 1 on CPU, -1 ("all devices") elsewhere; otherwise an int >= 1 or -1."""
+    found = r.get("tensor_parallel_degree")
+    if found is None:
+        return 1
+    label, value = found
+    if value.lower() == "max":
+        return 1 if device == "cpu" else -1
+    if re.fullmatch(r"-1|\d{1,4}", value) and int(value) != 0:
+        return int(value)
+    raise r.fail(label, value, "an integer >= 1, -1 (all devices) or 'max'")
+
+
+def _device(r: _Reader) -> tuple[str, int | None]:
+    """``option.device`` if given, else ``cuda:<device_id>`` for a device_id >= 0, else cpu."""
+    found = r.get("device")
+    device_id = r.integer("device_id", None, -1)
+    if found is not None:
+        if not _DEVICE.fullmatch(found[1].lower()):
+            raise r.fail(*found, "cpu, cuda, cuda:<n>, mps or auto")
+        return found[1].lower(), device_id
+    if device_id is not None and device_id >= 0:
+        return f"cuda:{device_id}", device_id
+    return "cpu", device_id
+
+
+def _check_engine(engine: str) -> str:
+    name = {"trtllm": "tensorrt_llm", "lmi_dist": "lmi-dist", "hf": "huggingface"}.get(engine, engine)
+    if name not in ENGINES:
+        raise ConfigError(f"engine={engine!r} is invalid; allowed: {', '.join(ENGINES)}",
+                          field="engine")
+    return name
+
+
+def _batching(r: _Reader, engine: str) -> dict[str, Any]:
+    """Batch-related settings plus the cross-key checks between them."""
+    rolling = r.choice("rolling_batch", "auto", ROLLING_BATCH)
+    if rolling not in ROLLING_BY_ENGINE[engine]:
+        raise r.fail("option.rolling_batch", rolling,
+                     f"{', '.join(ROLLING_BY_ENGINE[engine])} (engine {engine})")
+    batch_size = r.integer("batch_size", 1, 1, server=True) or 1
+    if batch_size > 1 and rolling not in ("auto", "disable"):
+        raise r.fail("option.rolling_batch", rolling,
+                     f"auto or disable when batch_size={batch_size} (dynamic batching)")
+    streaming = r.choice("enable_streaming", "false", STREAMING)
+    if batch_size > 1 and streaming != "false":
+        raise r.fail("option.enable_streaming", streaming,
+                     f"false when batch_size={batch_size} (dynamic batching)")
+    big = rolling in ("vllm", "lmi-dist") or (rolling == "auto" and engine in ("vllm", "lmi-dist"))
+    return {
+        "rolling_batch": rolling,
+        "batch_size": batch_size,
+        "enable_streaming": streaming,
+        "max_rolling_batch_size": r.integer("max_rolling_batch_size", 256 if big else 32, 1),
+        "max_batch_delay_ms": r.integer("max_batch_delay", 100, 0, server=True),
+        "job_queue_size": r.integer("job_queue_size", 1000, 1, server=True),
+    }
+
+
+def _common(r: _Reader) -> dict[str, Any]:
+    """Model identity, numerics, formatting and limits."""
+    device, device_id = _device(r)
+    return {
+        "model_id": r.text("model_id"),
+        "model_dir": r.text("model_dir"),
+        "entry_point": r.text("entryPoint"),
+        "handler": r.text("handler", "handle") or "handle",
+        "revision": r.text("revision"),
+        "dtype": r.choice("dtype", "fp32", DTYPES, "data_type"),
+        "device": device,
+        "device_id": device_id,
+        "tensor_parallel_degree": _tensor_parallel(r, device),
+        "trust_remote_code": r.boolean("trust_remote_code", False),
+        "output_formatter": r.text("output_formatter"),
+        "tgi_compat": r.boolean("tgi_compat", False),
+        "max_model_len": r.integer("max_model_len", None, 1),
+        "max_input_len": r.integer("max_input_len", None, 1),
+        "max_new_tokens_limit": r.integer("max_new_tokens_limit", 4096, 1),
+        "strict_parameters": r.boolean("strict_parameters", True),
+        "predict_timeout_s": r.integer("predict_timeout", 120, 1),
+        "model_loading_timeout_s": r.integer("model_loading_timeout", 240, 1),
+    }
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """The validated model configuration. Build it with ``ServingConfig.from_properties``."""
+
+    engine: str = "huggingface"
+    model_id: str | None = None
+    model_dir: str | None = None
+    entry_point: str | None = None
+    handler: str = "handle"
+    revision: str | None = None
+    rolling_batch: str = "auto"
+    max_rolling_batch_size: int = 32
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    job_queue_size: int = 1000
+    enable_streaming: str = "false"
+    dtype: str = "fp32"
+    device: str = "cpu"
+    device_id: int | None = None
+    tensor_parallel_degree: int = 1
+    trust_remote_code: bool = False
+    output_formatter: str | None = None
+    tgi_compat: bool = False
+    max_model_len: int | None = None
+    max_input_len: int | None = None
+    max_new_tokens_limit: int = 4096
+    strict_parameters: bool = True
+    predict_timeout_s: int = 120
+    model_loading_timeout_s: int = 240
+    hf: HuggingFaceOptions = field(default_factory=HuggingFaceOptions)
+    deepspeed: DeepSpeedOptions = field(default_factory=DeepSpeedOptions)
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+    trtllm: TrtLlmOptions = field(default_factory=TrtLlmOptions)
+    raw: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_properties(
+        cls,
+        options: Mapping[str, str],
+        server: Mapping[str, str] | None = None,
+        engine: str = "huggingface",
+    ) -> ServingConfig:
+        """Validate ``options`` (``option.`` prefix stripped) and ``server`` keys for ``engine``.
+
+        ``engine`` is the handler's engine: one of ``ENGINES`` (``trtllm``/``hf`` accepted).
+        Raises ``ConfigError`` on the first invalid value.
+        """
+        name = _check_engine(engine)
+        reader = _Reader(options, server or {})
+        return cls(
+            engine=name,
+            **_common(reader),
+            **_batching(reader, name),
+            hf=_hf(reader) if name == "huggingface" else HuggingFaceOptions(),
+            deepspeed=_deepspeed(reader) if name == "deepspeed" else DeepSpeedOptions(),
+            vllm=_vllm(reader) if name in ("vllm", "lmi-dist") else VllmOptions(),
+            trtllm=_trtllm(reader) if name == "tensorrt_llm" else TrtLlmOptions(),
+            raw={str(k): str(v) for k, v in options.items()},
+        )
+
+    def resolved_rolling_batch(self, engine: str | None = None) -> str:
+        """The rolling-batch mode actually used: ``auto`` resolved for ``engine``.
+
+        ``auto`` → ``disable`` when ``batch_size > 1`` (DJL does the same); otherwise
+        ``scheduler`` for huggingface/deepspeed, ``vllm``, ``lmi-dist``, or ``trtllm``.
+        """
+        if self.rolling_batch != "auto":
+            return self.rolling_batch
+        if self.batch_size > 1:
+            return "disable"
+        return _AUTO_ROLLING[_check_engine(engine or self.engine)]
+
+    @property
+    def params_engine(self) -> str:
+        """The engine whose parameter set requests are validated against."""
+        rolling = self.resolved_rolling_batch()
+        return {"vllm": "vllm", "lmi-dist": "lmi-dist", "trtllm": "tensorrt_llm"}.get(rolling, self.engine)
+
+    @property
+    def serving_engine(self) -> str:
+        """The engine library that really serves requests (``lmi-dist`` is served by vLLM)."""
+        engine = self.params_engine
+        return "vllm" if engine == "lmi-dist" else engine
+
+    @property
+    def is_rolling(self) -> bool:
+        """True unless rolling batch resolves to ``disable`` (dynamic batching)."""
+        return self.resolved_rolling_batch() != "disable"
