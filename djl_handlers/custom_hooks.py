@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 LOG = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,4 +1,4 @@
-"""Entry point `option.entryPoint=djl_handlers.deepspeed`: DeepSpeed inference (init_inference, AutoTP) around the Hugging Face model.
+"""Entry point `option.entryPoint=djl_handlers.deepspeed`: DeepSpeed init_inference around the HF model.
 
 DJL Serving calls ``handle(inputs)``; the service is built on the first call from the init
 call's properties. Importing this module does no work and imports no engine library.

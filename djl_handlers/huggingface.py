@@ -1,4 +1,4 @@
-"""Entry point `option.entryPoint=djl_handlers.huggingface`: Hugging Face transformers + accelerate, with our own continuous batching.
+"""Entry point `option.entryPoint=djl_handlers.huggingface`: transformers + accelerate, continuous batching.
 
 DJL Serving calls ``handle(inputs)``; the service is built on the first call from the init
 call's properties. Importing this module does no work and imports no engine library.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.errors import DjlHandlersError, error_body
@@ -62,6 +63,7 @@ class InferenceService:
             max_new_tokens_limit=config.max_new_tokens_limit,
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
+            chat_template=_chat_template(self.engine),
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
@@ -145,6 +147,18 @@ class InferenceService:
             out.add_as_json(body, key="data", batch_index=index)
         out.add_property("Content-Type", "application/json")
         return out
+
+
+def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str]]:
+    """The tokenizer's chat template as a function, or None when the model has none."""
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+
+    return render
 
 
 def _with_seed(request: Request, seed: int) -> Request:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
-from typing import Any, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 
@@ -76,7 +76,7 @@ class FakeEngine:
         self.released: list[int] = []
 
     @classmethod
-    def from_config(cls, config: Any) -> "FakeEngine":
+    def from_config(cls, config: Any) -> FakeEngine:
         raw: Mapping[str, str] = getattr(config, "raw", {}) or {}
         return cls(max_model_len=int(raw.get("max_model_len", 2048)), reply=raw.get("fake_reply", REPLY))
 

@@ -12,14 +12,20 @@ strings in dynamic-batch mode), optional ``parameters`` object and ``stream`` bo
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
 from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, completion_to_lmi
 from djl_handlers.request.records import CustomFormatter, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
+# Set by the local server's routes (/v1/chat/completions, /v1/completions, /generate, /generate_stream).
+API_PROPERTY = "X-Djl-Handlers-Api"
+TGI_RENAMES = {"stop": "stop_sequences"}
+TGI_NULL_ONLY = ("grammar", "adapter_id")
 META_PARAMETERS = ("stream", "output_formatter")
 
 # A custom input formatter from model.py: (input item, settings) -> a JSON-like request body.
@@ -37,6 +43,7 @@ class ParserSettings:
     max_new_tokens_limit: int = 4096
     strict_parameters: bool = True
     input_formatter: Optional[InputFormatter] = None
+    chat_template: Optional[ChatTemplate] = None
 
 
 def decode_body(item: Any) -> Any:
@@ -86,6 +93,13 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         raise InvalidRequest(
             f"request body must be a JSON object with 'inputs', got {type(body).__name__}", field="body"
         )
+    api = (item.get_property(API_PROPERTY) or "").strip().lower()
+    if api == "chat" or (not api and "messages" in body and "inputs" not in body):
+        return _openai_request(item, chat_to_lmi(body, settings.chat_template), settings)
+    if api == "completion" or (not api and "prompt" in body and "inputs" not in body):
+        return _openai_request(item, completion_to_lmi(body), settings)
+    if api in ("tgi", "tgi_stream"):
+        body = _tgi_body(body, stream=api == "tgi_stream")
     unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise InvalidRequest(
@@ -102,16 +116,7 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
     formatter = params.pop("output_formatter", None) or settings.default_output_formatter
     if formatter is not None and not isinstance(formatter, str) and not callable(formatter):
         raise InvalidParameter("parameters.output_formatter must be a string", field="output_formatter")
-    if "seed" not in params:
-        server_seed = _server_seed(item)
-        if server_seed is not None:
-            params["seed"] = server_seed
-    gen = GenerationParameters.from_dict(
-        params,
-        settings.engine,
-        max_new_tokens_limit=settings.max_new_tokens_limit,
-        strict=settings.strict_parameters,
-    )
+    gen = _generation_parameters(item, params, settings)
     prompt = inputs if isinstance(inputs, str) else inputs[0]
     return Request(
         prompt=prompt,
@@ -122,6 +127,44 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         seed=gen.seed,
         properties=dict(item.get_properties()),
     )
+
+
+def _openai_request(item: Any, req: OpenAIRequest, settings: ParserSettings) -> Request:
+    gen = _generation_parameters(item, req.parameters, settings)
+    return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
+                   inputs=req.prompt, seed=gen.seed, properties=dict(item.get_properties()), extra=req.extra)
+
+
+def _generation_parameters(item: Any, params: dict[str, Any], settings: ParserSettings) -> GenerationParameters:
+    if "seed" not in params:
+        server_seed = _server_seed(item)
+        if server_seed is not None:
+            params["seed"] = server_seed
+    return GenerationParameters.from_dict(
+        params, settings.engine, max_new_tokens_limit=settings.max_new_tokens_limit, strict=settings.strict_parameters
+    )
+
+
+def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
+    """A TGI ``/generate`` body in LMI terms: TGI's parameter names, TGI's output shapes."""
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidParameter("parameters must be a JSON object", field="parameters")
+    params = {TGI_RENAMES.get(k, k): v for k, v in params.items()}
+    for key in TGI_NULL_ONLY:
+        if params.pop(key, None) is not None:
+            raise InvalidParameter(f"parameters.{key} is not supported", field=key)
+    if params.pop("watermark", False):
+        raise InvalidParameter("parameters.watermark is not supported", field="watermark")
+    if params.get("best_of") in (None, 1):
+        params.pop("best_of", None)
+    if params.get("top_n_tokens") in (None, 0):
+        params.pop("top_n_tokens", None)
+    if not params.get("decoder_input_details"):
+        params.pop("decoder_input_details", None)
+    stream = stream or bool(body.get("stream", False))
+    params["output_formatter"] = "tgi_stream" if stream else "tgi"
+    return {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
 
 
 def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:

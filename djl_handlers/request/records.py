@@ -7,8 +7,9 @@ bytes, one call per scheduler step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 if TYPE_CHECKING:
     from djl_handlers.params.generation import GenerationParameters
@@ -48,7 +49,7 @@ class Request:
     """
 
     prompt: str
-    params: "GenerationParameters"
+    params: GenerationParameters
     stream: bool = False
     output_formatter: Union[str, CustomFormatter, None] = None
     inputs: Any = None

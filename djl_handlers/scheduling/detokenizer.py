@@ -8,7 +8,7 @@ in U+FFFD (an incomplete UTF-8 sequence).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from djl_handlers.engines.base import Tokenizer
 

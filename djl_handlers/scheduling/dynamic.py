@@ -10,9 +10,9 @@ modes agree on text, stop sequences and finish reasons.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import count
-from typing import Any, Sequence
+from typing import Any
 
 from djl_handlers.engines.base import Engine, EngineRequest, StepOutput
 from djl_handlers.errors import error_body
@@ -75,7 +75,7 @@ def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> 
     generate_static = getattr(engine, "generate_static", None)
     try:
         if generate_static is not None:
-            for (slot, _), outputs in zip(members, generate_static(reqs)):
+            for (slot, _), outputs in zip(members, generate_static(reqs), strict=True):
                 for step in outputs:
                     slot.consume(step)
                     if slot.finished:

@@ -12,7 +12,8 @@ an exception from the engine's batched step fails only the requests that were in
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
 from djl_handlers.errors import DjlHandlersError, message_of, status_of

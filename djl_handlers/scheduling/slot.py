@@ -7,7 +7,8 @@ length), and asks the request's formatter for the text to send after each step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.engines.base import Engine, StepOutput, Tokenizer
 from djl_handlers.errors import PromptTooLong
@@ -25,7 +26,7 @@ class RequestSlot:
     def __init__(
         self,
         request: Request,
-        formatter: "Formatter",
+        formatter: Formatter,
         request_id: int,
         prompt_ids: Sequence[int] = (),
         tokenizer: Optional[Tokenizer] = None,

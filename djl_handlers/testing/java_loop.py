@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Optional
 
 from djl_handlers.io.inputs import Input
 from djl_handlers.io.wire import binary_decode

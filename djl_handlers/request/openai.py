@@ -1,0 +1,140 @@
+"""OpenAI-style request bodies (chat completions and completions) → LMI request fields.
+
+``chat_to_lmi`` / ``completion_to_lmi`` validate the OpenAI fields and return the prompt plus an
+LMI ``parameters`` dict (validated afterwards by ``GenerationParameters.from_dict`` like any
+request), the formatter name and the ``extra`` fields the OpenAI formatters read.
+
+Rules (documented in docs/schema.md): ``temperature`` defaults to 1.0 and 0 means greedy, as
+OpenAI; ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``n`` and ``best_of``
+must be 1; fields that ask for features we do not have (tools, response_format, suffix, ...)
+are rejected with a 400 naming them; bookkeeping fields (``user``, ``metadata``, ``store``) are
+accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from djl_handlers.errors import InvalidParameter, InvalidRequest
+
+DEFAULT_MAX_TOKENS = 256
+IGNORED = ("user", "metadata", "store", "service_tier", "logit_bias", "parallel_tool_calls")
+COMMON = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
+          "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "top_k",
+          "repetition_penalty")
+CHAT_KEYS = frozenset((*COMMON, *IGNORED, "messages", "top_logprobs"))
+COMPLETION_KEYS = frozenset((*COMMON, *IGNORED, "prompt", "echo", "best_of"))
+
+ChatTemplate = Callable[[list[dict[str, Any]]], str]
+
+
+@dataclass
+class OpenAIRequest:
+    """The LMI view of an OpenAI request."""
+
+    prompt: str
+    parameters: dict[str, Any]
+    stream: bool
+    formatter: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> OpenAIRequest:
+    """Validate a ``/v1/chat/completions`` body and render its messages with the chat template."""
+    _reject_unknown(body, CHAT_KEYS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", field="messages")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", field="messages")
+        if not isinstance(msg.get("content"), str):
+            raise InvalidRequest(f"messages[{i}].content must be a string", field="messages")
+    if chat_template is None:
+        raise InvalidRequest(
+            "this model has no chat template, so chat requests are not supported; send 'inputs' or 'prompt'",
+            field="messages",
+        )
+    prompt = chat_template([{"role": m["role"], "content": m["content"]} for m in messages])
+    logprobs = _bool(body.get("logprobs", False), "logprobs")
+    top = body.get("top_logprobs")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
+        raise InvalidParameter("top_logprobs must be an integer in [0, 20]", field="top_logprobs")
+    stream = _bool(body.get("stream", False), "stream")
+    extra = _extra(body, logprobs=logprobs, top_logprobs=top or 0)
+    return OpenAIRequest(prompt, _common_parameters(body), stream, "chat_sse" if stream else "chat_json", extra)
+
+
+def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
+    """Validate a ``/v1/completions`` body."""
+    _reject_unknown(body, COMPLETION_KEYS)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise InvalidRequest("prompt must be a string (one prompt per request)", field="prompt")
+    if body.get("best_of") not in (None, 1):
+        raise InvalidParameter("best_of must be 1 (one sequence per request)", field="best_of")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 5):
+        raise InvalidParameter("logprobs must be an integer in [0, 5]", field="logprobs")
+    params = _common_parameters(body)
+    if _bool(body.get("echo", False), "echo"):
+        params["return_full_text"] = True
+    stream = _bool(body.get("stream", False), "stream")
+    extra = _extra(body, logprobs=logprobs)
+    return OpenAIRequest(prompt, params, stream, "completion_sse" if stream else "completion_json", extra)
+
+
+def _common_parameters(body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("n") not in (None, 1):
+        raise InvalidParameter("n must be 1 (one choice per request)", field="n")
+    params: dict[str, Any] = {}
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    params["max_new_tokens"] = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    temperature = body.get("temperature")
+    temperature = 1.0 if temperature is None else temperature
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        if not 0 <= temperature <= 2:
+            raise InvalidParameter(f"temperature must be in [0, 2], got {temperature}", field="temperature")
+        if temperature > 0:
+            params.update(do_sample=True, temperature=temperature)
+    else:
+        raise InvalidParameter(f"temperature must be a number, got {json.dumps(temperature)}", field="temperature")
+    for key in ("top_p", "seed", "top_k", "repetition_penalty"):
+        if body.get(key) is not None:
+            params[key] = body[key]
+    for key in ("frequency_penalty", "presence_penalty"):
+        if body.get(key) not in (None, 0, 0.0):
+            params[key] = body[key]
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        params["stop_sequences"] = stop
+    return params
+
+
+def _extra(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise InvalidParameter("stream_options must be an object", field="stream_options")
+    extra: dict[str, Any] = {"model": body.get("model") or "lmi", **fields}
+    if options:
+        extra["stream_options"] = options
+    return extra
+
+
+def _reject_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(f"unsupported field(s) {unknown}", field=unknown[0])
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidParameter(f"{name} must be true or false, got {json.dumps(value)}", field=name)
+    return value
