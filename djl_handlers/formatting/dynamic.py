@@ -26,9 +26,7 @@ def dynamic_batch_body(texts: list[str]) -> list[dict[str, Any]]:
 
 def dynamic_batch_json(texts: list[str]) -> str:
     """``dynamic_batch_body`` serialised as DJL's ``Output.add_as_json`` does."""
-    return json.dumps(
-        dynamic_batch_body(texts), ensure_ascii=False, allow_nan=False, indent=2, separators=(",", ":")
-    )
+    return json.dumps(dynamic_batch_body(texts), ensure_ascii=False, allow_nan=False, indent=2, separators=(",", ":"))
 
 
 def dynamic_stream_line(token_texts: list[str]) -> str:

@@ -199,9 +199,7 @@ class JsonLinesFormatter(Formatter):
     content_type = "application/jsonlines"
 
     def __call__(self, out: RequestOutput) -> str:
-        return "".join(
-            dumps(jsonlines_record(out, token, closing)) + "\n" for _, token, closing in step_events(out)
-        )
+        return "".join(dumps(jsonlines_record(out, token, closing)) + "\n" for _, token, closing in step_events(out))
 
 
 class NoneFormatter(Formatter):

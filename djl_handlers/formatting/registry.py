@@ -87,9 +87,7 @@ def resolve_name(spec: Optional[str], *, stream: bool, tgi_compat: bool = False,
     return name
 
 
-def get_formatter(
-    spec: FormatterSpec, *, stream: bool, tgi_compat: bool = False, config: bool = False
-) -> Formatter:
+def get_formatter(spec: FormatterSpec, *, stream: bool, tgi_compat: bool = False, config: bool = False) -> Formatter:
     """The formatter for ``spec`` (name, custom callable, or None for the default)."""
     if callable(spec):
         return CustomFormatter(spec, stream=stream)
@@ -105,9 +103,7 @@ def get_formatter(
     return FORMATTERS[name][0]()
 
 
-def content_type_for(
-    spec: FormatterSpec, stream: bool, tgi_compat: bool = False, *, config: bool = False
-) -> str:
+def content_type_for(spec: FormatterSpec, stream: bool, tgi_compat: bool = False, *, config: bool = False) -> str:
     """Content-Type of the body that ``spec`` produces (without building the formatter)."""
     if callable(spec):
         return CustomFormatter.content_type_of(spec, stream=stream)
@@ -137,9 +133,7 @@ def is_legacy_formatter(fn: Callable[..., Any]) -> bool:
     except (TypeError, ValueError):
         return False
     positional = [
-        p
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
     required = [p for p in positional if p.default is inspect.Parameter.empty]
     if len(required) >= 6:
@@ -236,6 +230,4 @@ class CustomFormatter(Formatter):
             return result
         if isinstance(result, (bytes, bytearray)):
             return bytes(result).decode("utf-8")
-        raise ConfigError(
-            f"custom output_formatter {self.name!r} returned {type(result).__name__}; it must return str"
-        )
+        raise ConfigError(f"custom output_formatter {self.name!r} returned {type(result).__name__}; it must return str")

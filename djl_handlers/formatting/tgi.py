@@ -87,9 +87,7 @@ class TgiStreamFormatter(Formatter):
             start = first_new_index(out)
             events = [self._event(out, start + i, tok, closing=False) for i, tok in enumerate(out.new_tokens)]
             return "".join(events) + f"data:{dumps_compact(tgi_error(out))}\n\n"
-        return "".join(
-            self._event(out, index, token, closing=closing) for index, token, closing in step_events(out)
-        )
+        return "".join(self._event(out, index, token, closing=closing) for index, token, closing in step_events(out))
 
     @staticmethod
     def _event(out: RequestOutput, index: int, token: Token, *, closing: bool) -> str:

@@ -27,9 +27,7 @@ def make_output(
     **params: Any,
 ) -> RequestOutput:
     gen = GenerationParameters(details=details, **params)
-    request = Request(
-        prompt="Say hi: ", params=gen, inputs="Say hi: ", seed=request_seed, extra=dict(extra or {})
-    )
+    request = Request(prompt="Say hi: ", params=gen, inputs="Say hi: ", seed=request_seed, extra=dict(extra or {}))
     return RequestOutput(request=request, prompt_tokens=3)
 
 
@@ -120,9 +118,7 @@ def test_chat_json_shape() -> None:
     assert obj["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
 
 
-@pytest.mark.parametrize(
-    ("lmi", "openai"), [("eos_token", "stop"), ("stop_sequence", "stop"), ("length", "length")]
-)
+@pytest.mark.parametrize(("lmi", "openai"), [("eos_token", "stop"), ("stop_sequence", "stop"), ("length", "length")])
 def test_openai_finish_reason_mapping(lmi: str, openai: str) -> None:
     obj = json.loads(body_of("completion_json", make_output(extra=EXTRA), [TOKS], finish=lmi))
     assert obj["choices"][0]["finish_reason"] == openai

@@ -127,14 +127,10 @@ def test_custom_result_coercion() -> None:
         get_formatter(lambda o: 5, stream=False)(out)
 
 
-def legacy_fmt(
-    token: Any, first_token: bool, last_token: bool, details: dict, generated_text: str, id: int
-) -> str:
+def legacy_fmt(token: Any, first_token: bool, last_token: bool, details: dict, generated_text: str, id: int) -> str:
     record = {"id": token.id, "text": token.text, "first": first_token, "request": id}
     if last_token:
-        record.update(
-            finish=details.get("finish_reason"), text_all=generated_text, n=details.get("generated_tokens")
-        )
+        record.update(finish=details.get("finish_reason"), text_all=generated_text, n=details.get("generated_tokens"))
     return json.dumps(record) + "\n"
 
 
@@ -156,9 +152,7 @@ def test_legacy_signature_detection() -> None:
 def test_legacy_formatter_called_per_token_with_v027_arguments() -> None:
     wrapped = get_formatter(legacy_fmt, stream=True)
     out = make_output(details=True)
-    body = wrapped(step(out, [Token(5, "a", -0.1)])) + wrapped(
-        step(out, [Token(6, "b"), Token(7, "c")], "length")
-    )
+    body = wrapped(step(out, [Token(5, "a", -0.1)])) + wrapped(step(out, [Token(6, "b"), Token(7, "c")], "length"))
     lines = [json.loads(line) for line in body.splitlines()]
     assert [(r["id"], r["first"], r["request"]) for r in lines] == [
         ([5], True, 7),
