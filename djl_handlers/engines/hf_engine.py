@@ -1,0 +1,511 @@
+"""The transformers engine: our own continuous batching over the model's forward.
+
+Batch layout: one running batch of ``B`` rows, left-padded to a common length ``T``. The KV cache
+(a ``DynamicCache``, per layer ``keys``/``values`` of shape [B, kv_heads, T, head_dim]) holds every
+token of a row except its pending token (the one sampled last, fed at the next decode). ``mask``
+[B, T] marks real positions; ``pos`` [B] is each row's true length (= position id of the pending
+token). A step:
+
+1. drops rows released or failed since the last step (``batch_select_indices``) and trims the
+   left padding they leave behind;
+2. decodes one token for every running row (one forward of [B, 1]);
+3. prefills queued prompts within ``max_prefill_tokens`` (padded tokens count; a prompt longer
+   than the budget is prefilled in chunks over several steps, one chunk per step), samples their
+   first token and merges their KV into the running batch (zero-padded on the left, masked).
+
+Greedy output in fp32 equals ``model.generate()`` of each request alone: padding is masked and
+every row gets explicit position ids. The engine never finishes a row itself; the scheduler calls
+``release``. The only exception: a row that would exceed ``max_model_len`` gets
+``StepOutput(error=...)`` and is dropped.
+
+Log-probs: see :mod:`djl_handlers.engines.sampling` (model distribution, before processing).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.sampling import RowSampling, sample_batch
+from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass
+class _Row:
+    """One request in the running batch (or being prefilled)."""
+
+    request: EngineRequest
+    sampling: RowSampling
+    done: bool = False  # released or failed: dropped at the next compaction
+
+
+@dataclass
+class _Partial:
+    """A long prompt being prefilled chunk by chunk in its own batch-1 cache."""
+
+    row: _Row
+    cache: Any
+    offset: int = 0
+
+
+@dataclass
+class _Batch:
+    """The running batch's tensors (see module docstring)."""
+
+    cache: Any
+    mask: torch.Tensor
+    pos: torch.Tensor
+    pending: torch.Tensor
+    rows: list[_Row] = field(default_factory=list)
+
+
+class HFEngine:
+    """Continuous-batching engine over a transformers causal LM (see module docstring)."""
+
+    name = "huggingface"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 512,
+        max_model_len: int | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_prefill_tokens < 1:
+            raise ConfigError("max_batch_size and max_prefill_tokens must be positive")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        config = model.config
+        model_len = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
+        self.max_model_len = min(model_len, max_model_len) if max_model_len else model_len
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.device = next(model.parameters()).device
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
+        head = model.get_output_embeddings()
+        self._vocab = int(head.weight.shape[0]) if head is not None else int(config.vocab_size)
+        self._check_cache_layout()
+        self._queue: deque[_Row] = deque()
+        self._partial: _Partial | None = None
+        self._batch: _Batch | None = None
+        self._ids: set[int] = set()
+
+    @classmethod
+    def from_config(cls, config: Any) -> HFEngine:
+        """Build from a ``ServingConfig`` (registry entry point).
+
+        Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
+        ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
+        options, ``max_prefill_tokens`` and ``torch_threads``.
+        """
+        raw = getattr(config, "raw", None) or {}
+        device = str(getattr(config, "device", "cpu") or "cpu")
+        device_id = getattr(config, "device_id", None)
+        if device.startswith("cuda") and ":" not in device and device_id is not None:
+            device = f"{device}:{device_id}"
+        hf = getattr(config, "hf", None)
+        return cls.load(
+            config,
+            device=device,
+            attn_implementation=getattr(hf, "attn_implementation", None),
+            torch_threads=raw.get("torch_threads"),
+            max_batch_size=getattr(config, "max_rolling_batch_size", None),
+            max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
+            max_model_len=getattr(config, "max_model_len", None),
+        )
+
+    @classmethod
+    def load(cls, config: Any = None, **kwargs: Any) -> HFEngine:
+        """Load model and tokenizer (see :class:`~djl_handlers.engines.hf_loader.LoadOptions`)."""
+        from djl_handlers.engines.hf_loader import LoadOptions, load_model_and_tokenizer
+
+        engine_keys = ("max_batch_size", "max_prefill_tokens", "max_model_len")
+        engine_kwargs = {k: kwargs.pop(k) for k in engine_keys if kwargs.get(k) is not None}
+        model, tokenizer = load_model_and_tokenizer(LoadOptions.from_config(config, **kwargs))
+        return cls(model, tokenizer, **engine_kwargs)
+
+    # ------------------------------------------------------------------ protocol
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; it is prefilled at a coming ``step``."""
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise InvalidRequest("the prompt is empty (no tokens)", field="inputs")
+        if n >= self.max_model_len:
+            raise PromptTooLong(
+                f"the prompt has {n} tokens; the model's context holds {self.max_model_len} tokens "
+                "including at least one generated token",
+                field="inputs",
+            )
+        if request.request_id in self._ids:
+            raise ValueError(f"request id {request.request_id} is already in the engine")
+        sampling = RowSampling.from_params(request.params, request.prompt_ids, self._vocab, self.eos_token_ids)
+        self._ids.add(request.request_id)
+        self._queue.append(_Row(request, sampling))
+
+    def step(self) -> list[StepOutput]:
+        """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
+        try:
+            with torch.inference_mode():
+                outputs = self._compact()
+                outputs += self._decode()
+                outputs += self._prefill()
+        except torch.OutOfMemoryError as exc:
+            self._drop_running()
+            raise EngineOutOfMemory(f"out of memory during a batch step: {exc}") from exc
+        except Exception:
+            self._drop_running()
+            raise
+        return outputs
+
+    def release(self, request_id: int) -> None:
+        """Forget a request (finished or cancelled); its KV rows are gone before the next forward."""
+        if request_id not in self._ids:
+            return
+        self._ids.discard(request_id)
+        for row in self._queue:
+            if row.request.request_id == request_id:
+                self._queue.remove(row)
+                return
+        if self._partial is not None and self._partial.row.request.request_id == request_id:
+            self._partial = None
+            return
+        batch = self._batch
+        if batch is None:
+            return
+        for row in batch.rows:
+            if row.request.request_id == request_id:
+                row.done = True
+        if all(row.done for row in batch.rows):
+            self._batch = None  # free the whole cache now
+
+    def has_unfinished(self) -> bool:
+        """True while any request is queued, being prefilled or running."""
+        return bool(self._ids)
+
+    def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
+        """Dynamic-batch mode: ``model.generate()`` on left-padded batches.
+
+        Requests with identical sampling settings share one ``generate()`` call (run to the
+        group's largest ``max_new_tokens``, then each cut to its own limit and first eos, which is
+        exact because later tokens never change earlier ones). Returns one list per request, in
+        order, of per-token outputs; the last one carries ``finish_reason`` (``eos_token`` or
+        ``length``). A prompt that does not fit ``max_model_len`` gets a single error output.
+        """
+        results: list[list[StepOutput]] = [[] for _ in requests]
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, req in enumerate(requests):
+            if len(req.prompt_ids) == 0 or len(req.prompt_ids) >= self.max_model_len:
+                msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {self.max_model_len}"
+                results[i] = [StepOutput(req.request_id, error=msg)]
+                continue
+            groups.setdefault(_generate_key(req.params), []).append(i)
+        with torch.inference_mode():
+            for key, members in groups.items():
+                batch = [requests[i] for i in members]
+                for i, outs in zip(members, self._generate_group(batch, dict(key)), strict=True):
+                    results[i] = outs
+        return results
+
+    # ------------------------------------------------------------------ internals
+    def _generate_group(self, batch: list[EngineRequest], kwargs: dict[str, Any]) -> list[list[StepOutput]]:
+        lengths = [len(r.prompt_ids) for r in batch]
+        width = max(lengths)
+        limits = [max(1, int(getattr(r.params, "max_new_tokens", 30) or 1)) for r in batch]
+        max_new = max(1, min(max(limits), self.max_model_len - width))
+        pad = _pad_id(self.tokenizer, self.eos_token_ids)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, req in enumerate(batch):
+            ids[i, width - lengths[i] :] = torch.tensor(list(req.prompt_ids), dtype=torch.long)
+            mask[i, width - lengths[i] :] = 1
+        seed = kwargs.pop("seed", None)
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            max_new_tokens=max_new,
+            eos_token_id=sorted(self.eos_token_ids) or None,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            output_logits=True,
+            **kwargs,
+        )
+        new_tokens = out.sequences[:, width:]
+        logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab], raw model logits
+        log_probs = logits.gather(2, new_tokens.unsqueeze(2)).squeeze(2) - torch.logsumexp(logits, dim=2)
+        results = []
+        for i, req in enumerate(batch):
+            toks, lps = new_tokens[i].tolist(), log_probs[i].tolist()
+            outs: list[StepOutput] = []
+            for tok, lp in zip(toks[: limits[i]], lps, strict=False):
+                outs.append(StepOutput(req.request_id, token_id=tok, log_prob=lp))
+                if tok in self.eos_token_ids:
+                    break
+            if outs:
+                last = outs[-1]
+                reason = "eos_token" if last.token_id in self.eos_token_ids else "length"
+                outs[-1] = StepOutput(req.request_id, last.token_id, last.log_prob, finish_reason=reason)
+            results.append(outs)
+        return results
+
+    def _check_cache_layout(self) -> None:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        cache = DynamicCache(config=self.model.config)
+        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+            raise ConfigError(
+                "continuous batching supports full-attention decoder models only "
+                f"({type(self.model).__name__} uses sliding-window or other cache layers); "
+                "use dynamic batching (option.rolling_batch=disable)"
+            )
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One forward; returns last-position logits [batch, vocab] (float32)."""
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
+        if self._keep_kw:
+            kwargs[self._keep_kw] = 1
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        return out.logits[:, -1, :].float()
+
+    def _compact(self) -> list[StepOutput]:
+        """Drop done rows and the common left padding; fail rows that cannot grow any more."""
+        batch = self._batch
+        if batch is None:
+            return []
+        errors: list[StepOutput] = []
+        full = (batch.pos + 2 > self.max_model_len).nonzero().flatten().tolist()
+        for i in full:
+            row = batch.rows[i]
+            if not row.done:
+                row.done = True
+                self._ids.discard(row.request.request_id)
+                errors.append(
+                    StepOutput(
+                        row.request.request_id,
+                        error=f"the request reached the model's context length ({self.max_model_len} tokens)",
+                    )
+                )
+        keep = [i for i, row in enumerate(batch.rows) if not row.done]
+        if not keep:
+            self._batch = None
+            return errors
+        if len(keep) < len(batch.rows):
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            batch.cache.batch_select_indices(idx)
+            batch.mask, batch.pos, batch.pending = batch.mask[idx], batch.pos[idx], batch.pending[idx]
+            batch.rows = [batch.rows[i] for i in keep]
+            self._trim_left(batch)
+        return errors
+
+    @staticmethod
+    def _trim_left(batch: _Batch) -> None:
+        used = batch.mask.any(dim=0)
+        lead = int(used.int().argmax()) if bool(used.any()) else 0
+        if lead > 0:
+            for layer in batch.cache.layers:
+                layer.keys = layer.keys[:, :, lead:]
+                layer.values = layer.values[:, :, lead:]
+            batch.mask = batch.mask[:, lead:]
+
+    def _decode(self) -> list[StepOutput]:
+        batch = self._batch
+        if batch is None:
+            return []
+        ones = torch.ones((len(batch.rows), 1), dtype=batch.mask.dtype, device=self.device)
+        batch.mask = torch.cat([batch.mask, ones], dim=1)
+        logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
+        batch.pos = batch.pos + 1
+        return self._emit(logits, batch.rows, batch)
+
+    def _emit(self, logits: torch.Tensor, rows: list[_Row], batch: _Batch | None) -> list[StepOutput]:
+        """Sample one token per row, store it as pending (if ``batch``), build the outputs."""
+        result = sample_batch(logits, [row.sampling for row in rows])
+        if batch is not None:
+            batch.pending = torch.tensor(result.tokens, dtype=torch.long, device=self.device).clamp(min=0)
+        outputs = []
+        for row, tok, lp, err in zip(rows, result.tokens, result.log_probs, result.errors, strict=True):
+            rid = row.request.request_id
+            if err is not None:
+                row.done = True
+                self._ids.discard(rid)
+                outputs.append(StepOutput(rid, error=err))
+            else:
+                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp))
+        return outputs
+
+    def _prefill(self) -> list[StepOutput]:
+        budget = self.max_prefill_tokens
+        outputs: list[StepOutput] = []
+        if self._partial is not None:
+            outputs, budget = self._continue_partial(budget)
+        while self._queue and budget > 0 and self._partial is None:
+            group = self._take_group(budget)
+            if not group:
+                if budget == self.max_prefill_tokens and self._room() > 0:
+                    row = self._queue.popleft()
+                    self._partial = _Partial(row, self._new_cache())
+                    more, budget = self._continue_partial(budget)
+                    outputs += more
+                break
+            budget -= len(group) * max(len(r.request.prompt_ids) for r in group)
+            outputs += self._prefill_group(group)
+        return outputs
+
+    def _room(self) -> int:
+        running = len(self._batch.rows) if self._batch is not None else 0
+        return self.max_batch_size - running - (1 if self._partial is not None else 0)
+
+    def _take_group(self, budget: int) -> list[_Row]:
+        """FIFO prompts whose left-padded prefill fits ``budget`` tokens and the batch cap."""
+        group: list[_Row] = []
+        longest = 0
+        room = self._room()
+        while self._queue and len(group) < room:
+            n = len(self._queue[0].request.prompt_ids)
+            if (len(group) + 1) * max(longest, n) > budget:
+                break
+            longest = max(longest, n)
+            group.append(self._queue.popleft())
+        return group
+
+    def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
+        lengths = [len(r.request.prompt_ids) for r in group]
+        width = max(lengths)
+        ids = torch.zeros((len(group), width), dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for i, row in enumerate(group):
+            n = lengths[i]
+            ids[i, width - n :] = torch.tensor(list(row.request.prompt_ids), dtype=torch.long)
+            mask[i, width - n :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        logits = self._forward(ids, mask, pos, cache)
+        new = _Batch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
+        new.rows = list(group)
+        outputs = self._emit(logits, new.rows, new)
+        self._merge(new)
+        return outputs
+
+    def _continue_partial(self, budget: int) -> tuple[list[StepOutput], int]:
+        part = self._partial
+        assert part is not None
+        prompt = part.row.request.prompt_ids
+        chunk = list(prompt[part.offset : part.offset + budget])
+        end = part.offset + len(chunk)
+        ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        pos = torch.arange(part.offset, end, device=self.device).unsqueeze(0)
+        logits = self._forward(ids, mask, pos, part.cache)
+        part.offset = end
+        if end < len(prompt):
+            return [], budget - len(chunk)
+        self._partial = None
+        new = _Batch(part.cache, mask, torch.tensor([end], device=self.device), ids[:, 0], [part.row])
+        outputs = self._emit(logits, new.rows, new)
+        self._merge(new)
+        return outputs, budget - len(chunk)
+
+    def _merge(self, new: _Batch) -> None:
+        """Append ``new``'s rows to the running batch, left-padding the shorter side with zeros."""
+        keep = [i for i, row in enumerate(new.rows) if not row.done]
+        if len(keep) < len(new.rows):
+            if not keep:
+                return
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+            new.cache.batch_select_indices(idx)
+            new.mask, new.pos, new.pending = new.mask[idx], new.pos[idx], new.pending[idx]
+            new.rows = [new.rows[i] for i in keep]
+        old = self._batch
+        if old is None:
+            self._batch = new
+            return
+        width = max(old.mask.shape[1], new.mask.shape[1])
+        for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
+            a.keys = torch.cat([_pad_left(a.keys, width, 2), _pad_left(b.keys, width, 2)], dim=0)
+            a.values = torch.cat([_pad_left(a.values, width, 2), _pad_left(b.values, width, 2)], dim=0)
+        old.mask = torch.cat([_pad_left(old.mask, width, 1), _pad_left(new.mask, width, 1)], dim=0)
+        old.pos = torch.cat([old.pos, new.pos])
+        old.pending = torch.cat([old.pending, new.pending])
+        old.rows = old.rows + new.rows
+
+    def _drop_running(self) -> None:
+        """After a failed step nothing in the running batch can be trusted: forget it."""
+        for row in self._batch.rows if self._batch is not None else []:
+            self._ids.discard(row.request.request_id)
+        if self._partial is not None:
+            self._ids.discard(self._partial.row.request.request_id)
+        self._batch = None
+        self._partial = None
+
+
+def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """Zero-pad ``t`` on the left of ``dim`` up to ``width``."""
+    extra = width - t.shape[dim]
+    if extra <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = extra
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+
+def _generate_key(params: Any) -> tuple[tuple[str, Any], ...]:
+    """``generate()`` keyword arguments for a request's sampling settings (hashable, sorted)."""
+    kwargs: dict[str, Any] = {"do_sample": False}
+    penalty = float(getattr(params, "repetition_penalty", 1.0) or 1.0)
+    if penalty != 1.0:
+        kwargs["repetition_penalty"] = penalty
+    min_new = int(getattr(params, "min_new_tokens", 0) or 0)
+    if min_new:
+        kwargs["min_new_tokens"] = min_new
+    temperature = float(getattr(params, "temperature", 1.0) or 1.0)
+    if getattr(params, "do_sample", False) and temperature > 0:
+        kwargs.update(
+            do_sample=True,
+            temperature=temperature,
+            top_k=int(getattr(params, "top_k", 0) or 0),
+            top_p=float(getattr(params, "top_p", 1.0) or 1.0),
+            typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
+            seed=getattr(params, "seed", None),
+        )
+    return tuple(sorted(kwargs.items()))
+
+
+def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if isinstance(pad, int):
+        return pad
+    return min(eos_ids) if eos_ids else 0
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """eos ids from the generation config (int or list) and the tokenizer."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return frozenset(ids)

@@ -1,0 +1,163 @@
+"""Load a transformers causal LM and its tokenizer for the HF engine.
+
+Options come from a ``ServingConfig``-like object (attributes or a mapping, with or without the
+``option.`` prefix) and/or keyword arguments; keyword arguments win. An empty ``model_id`` means
+the embedded default model (converted once into the local cache).
+
+Only the HF engine imports this module; torch and transformers are imported inside functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from djl_handlers.errors import ConfigError
+
+DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "auto": "auto",
+}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What to load and how. ``device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``."""
+
+    model_id: str = ""
+    dtype: str = "fp32"
+    trust_remote_code: bool = False
+    torch_threads: int | None = None
+    device: str = "cpu"
+    revision: str | None = None
+    attn_implementation: str | None = None
+
+    @classmethod
+    def from_config(cls, config: Any = None, **overrides: Any) -> LoadOptions:
+        """Read the fields from ``config`` (attributes or mapping keys, ``option.`` optional)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            found = _lookup(config, f.name)
+            if found is not None:
+                values[f.name] = found
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown model loading option(s): {', '.join(sorted(unknown))}")
+        return cls(**values).normalized()
+
+    def normalized(self) -> LoadOptions:
+        """Validate and canonicalise (dtype names, booleans given as strings, thread count)."""
+        dtype = DTYPES.get(str(self.dtype).strip().lower())
+        if dtype is None:
+            raise ConfigError(
+                f"option.dtype={self.dtype!r} is not supported; use one of fp32, bf16, fp16, auto",
+                field="option.dtype",
+            )
+        threads = self.torch_threads
+        if threads is not None:
+            try:
+                threads = int(threads)
+            except (TypeError, ValueError):
+                threads = 0
+            if threads < 1:
+                raise ConfigError(
+                    f"torch_threads={self.torch_threads!r} must be a positive integer", field="torch_threads"
+                )
+        return replace(
+            self,
+            model_id=str(self.model_id or ""),
+            dtype=dtype,
+            trust_remote_code=_as_bool(self.trust_remote_code, "option.trust_remote_code"),
+            torch_threads=threads,
+            device=str(self.device or "cpu"),
+        )
+
+
+def _lookup(config: Any, name: str) -> Any:
+    if config is None:
+        return None
+    for key in (name, f"option.{name}"):
+        if isinstance(config, Mapping):
+            if key in config:
+                return config[key]
+        elif hasattr(config, key):
+            return getattr(config, key)
+    return None
+
+
+def _as_bool(value: Any, key: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(f"{key}={value!r} is not a boolean (true/false)", field=key)
+
+
+def resolve_model_id(model_id: str) -> str:
+    """An empty id means the embedded default model; a local path must exist."""
+    if not model_id:
+        from djl_handlers.model.embedded import embedded_model_dir
+
+        return str(embedded_model_dir())
+    path = Path(model_id).expanduser()
+    if model_id.startswith((".", "/", "~")) and not path.exists():
+        raise ConfigError(f"option.model_id={model_id!r}: no such folder", field="option.model_id")
+    return str(path) if path.exists() else model_id
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """Cap torch's intra-op threads (None: leave torch's default, or ``OMP_NUM_THREADS``)."""
+    import torch
+
+    if threads is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` picks ``cuda`` when available, else ``cpu``."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device!r} requested but CUDA is not available", field="device")
+    return device
+
+
+def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` in eval mode on the requested device and dtype.
+
+    Raises:
+        ConfigError: the model cannot be found or loaded (message names the model id).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    opts = options.normalized()
+    set_torch_threads(opts.torch_threads)
+    model_id = resolve_model_id(opts.model_id)
+    dtype: Any = opts.dtype if opts.dtype == "auto" else getattr(torch, opts.dtype)
+    common = {"trust_remote_code": opts.trust_remote_code, "revision": opts.revision}
+    extra = {"attn_implementation": opts.attn_implementation} if opts.attn_implementation else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_id, **common)
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load model {model_id!r}: {exc}", field="option.model_id") from exc
+    model.to(resolve_device(opts.device))
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,222 @@
+"""Per-row token selection for a batch of next-token logits.
+
+Every row (request) has its own settings and its own ``torch.Generator`` seeded from
+``params.seed``, so a seeded request samples the same tokens alone or next to any neighbours:
+each step draws exactly one uniform number from the row's own generator and picks the token by
+inverse-CDF lookup in the row's processed distribution.
+
+Processing follows ``transformers``' order for ``generate()``: repetition penalty (also in greedy
+mode, over prompt and generated tokens), eos suppression while ``min_new_tokens`` is not reached,
+then — only when sampling — temperature, top-k, top-p and typical-p.
+
+Reported ``log_prob``: the log-probability of the chosen token under the **model's own
+distribution**, ``log_softmax(raw logits)``, before any penalty, temperature or truncation. It is
+the same quantity in greedy and sampling mode and in the static ``generate()`` path, it is
+always finite and ≤ 0 for a token the model can emit, and it is what vLLM reports by default.
+
+This module imports torch; only the HF engine imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class RowSampling:
+    """Sampling settings, RNG and token history of one request."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    generator: torch.Generator | None = None
+    seen: torch.Tensor | None = None  # bool [vocab]: tokens seen so far (repetition penalty only)
+    generated: int = 0
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Any,
+        prompt_ids: Sequence[int],
+        vocab_size: int,
+        eos_token_ids: Sequence[int] = (),
+    ) -> RowSampling:
+        """Build a row's sampler from a ``GenerationParameters``-like object (missing fields: defaults)."""
+        temperature = float(getattr(params, "temperature", 1.0) or 1.0)
+        do_sample = bool(getattr(params, "do_sample", False)) and temperature > 0
+        row = cls(
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=int(getattr(params, "top_k", 0) or 0),
+            top_p=float(getattr(params, "top_p", 1.0) or 1.0),
+            typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
+            repetition_penalty=float(getattr(params, "repetition_penalty", 1.0) or 1.0),
+            min_new_tokens=int(getattr(params, "min_new_tokens", 0) or 0),
+            eos_token_ids=tuple(eos_token_ids),
+        )
+        if row.top_k >= vocab_size:
+            row.top_k = 0
+        if do_sample:
+            seed = getattr(params, "seed", None)
+            row.generator = torch.Generator(device="cpu")
+            row.generator.manual_seed(int(seed) if seed is not None else secrets.randbits(63))
+        if row.repetition_penalty != 1.0:
+            row.seen = torch.zeros(vocab_size, dtype=torch.bool)
+            ids = [i for i in prompt_ids if 0 <= i < vocab_size]
+            if ids:
+                row.seen[torch.tensor(ids, dtype=torch.long)] = True
+        return row
+
+    @property
+    def needs_processing(self) -> bool:
+        """True when greedy argmax of the raw logits is not enough for this row."""
+        return self.do_sample or self.seen is not None or self.generated < self.min_new_tokens
+
+    def observe(self, token_id: int) -> None:
+        """Record a chosen token (for repetition penalty and min_new_tokens)."""
+        self.generated += 1
+        if self.seen is not None and 0 <= token_id < self.seen.numel():
+            self.seen[token_id] = True
+
+
+@dataclass
+class SampleResult:
+    """Chosen tokens, their log-probs (model distribution) and per-row errors (None = ok)."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    errors: list[str | None] = field(default_factory=list)
+
+
+def sample_batch(logits: torch.Tensor, rows: Sequence[RowSampling]) -> SampleResult:
+    """Pick one token per row of ``logits`` ([batch, vocab]) according to ``rows``.
+
+    A failure confined to one row (non-finite logits, an error in its processing) gives that row
+    an error message and token -1; the other rows are unaffected. ``observe`` is called for every
+    row that got a token.
+    """
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1)
+    special = [i for i, row in enumerate(rows) if row.needs_processing]
+    errors: list[str | None] = [None] * len(rows)
+    if special:
+        idx = torch.tensor(special, dtype=torch.long, device=logits.device)
+        try:
+            chosen = _select(logits[idx], [rows[i] for i in special])
+            tokens[idx] = chosen.to(tokens.device)
+        except (RuntimeError, ValueError):
+            for i in special:  # isolate the failing row(s)
+                try:
+                    tokens[i] = _select(logits[i : i + 1], [rows[i]])[0]
+                except (RuntimeError, ValueError) as exc:
+                    errors[i] = f"sampling failed: {exc}"
+    log_z = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(1, tokens.clamp(min=0).unsqueeze(1)).squeeze(1)
+    log_probs = (picked - log_z).tolist()
+    token_list = tokens.tolist()
+    for i, lp in enumerate(log_probs):
+        if errors[i] is None and (math.isnan(lp) or lp > 0.0):  # NaN/+inf logits: garbage out
+            errors[i] = "the model produced non-finite logits for this request"
+        if errors[i] is not None:
+            token_list[i], log_probs[i] = -1, float("nan")
+        else:
+            rows[i].observe(token_list[i])
+    return SampleResult(token_list, log_probs, errors)
+
+
+def _select(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
+    """Processed selection for rows that need more than argmax. ``logits`` [n, vocab] float32."""
+    if torch.isnan(logits).any():
+        raise ValueError("the model produced NaN logits")
+    x = logits.clone()
+    for i, row in enumerate(rows):
+        if row.seen is not None:
+            x[i] = _apply_penalty(x[i], row.seen.to(x.device), row.repetition_penalty)
+        if row.generated < row.min_new_tokens and row.eos_token_ids:
+            x[i, list(row.eos_token_ids)] = _NEG_INF
+    chosen = x.argmax(dim=-1)
+    sampled = [i for i, row in enumerate(rows) if row.do_sample]
+    if sampled:
+        sub = [rows[i] for i in sampled]
+        idx = torch.tensor(sampled, dtype=torch.long, device=x.device)
+        chosen[idx] = _sample(x[idx], sub)
+    return chosen
+
+
+def _apply_penalty(x: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """HF's repetition penalty: divide positive logits of seen tokens, multiply negative ones."""
+    penalized = torch.where(x > 0, x / penalty, x * penalty)
+    return torch.where(seen, penalized, x)
+
+
+def _sample(x: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
+    """Temperature, top-k, top-p, typical-p, then one draw per row from its own generator."""
+    dev = x.device
+    temps = torch.tensor([r.temperature for r in rows], dtype=x.dtype, device=dev).unsqueeze(1)
+    x = x / temps
+    if any(r.top_k > 0 for r in rows):
+        x = _top_k(x, [r.top_k for r in rows])
+    if any(r.top_p < 1.0 for r in rows):
+        x = _top_p(x, torch.tensor([r.top_p for r in rows], dtype=x.dtype, device=dev))
+    if any(r.typical_p < 1.0 for r in rows):
+        x = _typical_p(x, torch.tensor([r.typical_p for r in rows], dtype=x.dtype, device=dev))
+    probs = torch.softmax(x, dim=-1)
+    if torch.isnan(probs).any():
+        raise ValueError("the processed distribution is not a probability distribution")
+    draws = [torch.rand(1, generator=r.generator).item() for r in rows]
+    u = torch.tensor(draws, dtype=probs.dtype, device=dev).unsqueeze(1)
+    cdf = probs.cumsum(dim=-1)
+    target = u * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return picked.clamp(max=x.shape[-1] - 1)
+
+
+def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
+    """Keep each row's ``k`` largest logits (k = 0: keep all)."""
+    kmax = max(ks)
+    top = torch.topk(x, kmax, dim=-1).values
+    k = torch.tensor(ks, dtype=torch.long, device=x.device)
+    threshold = top.gather(1, (k.clamp(min=1) - 1).unsqueeze(1))
+    threshold = torch.where(k.unsqueeze(1) > 0, threshold, torch.full_like(threshold, _NEG_INF))
+    return x.masked_fill(x < threshold, _NEG_INF)
+
+
+def _top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Nucleus filtering as HF does it (ascending sort, drop mass ≤ 1 - p, keep ≥ 1 token)."""
+    sorted_logits, sorted_idx = torch.sort(x, descending=False, dim=-1)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p).unsqueeze(1)
+    remove[:, -1] = False
+    remove = remove & (top_p < 1.0).unsqueeze(1)
+    mask = remove.scatter(1, sorted_idx, remove)
+    return x.masked_fill(mask, _NEG_INF)
+
+
+def _typical_p(x: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """Locally typical filtering as HF's ``TypicalLogitsWarper`` (per-row mass)."""
+    normalized = torch.log_softmax(x, dim=-1)
+    p = normalized.exp()
+    ent = -(p * normalized).nansum(-1, keepdim=True)
+    shifted = (-normalized - ent).abs()
+    sorted_scores, sorted_idx = torch.sort(shifted, descending=False)
+    sorted_logits = x.gather(-1, sorted_idx)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    last_ind = (cumulative < mass.unsqueeze(1)).sum(dim=1).clamp(max=x.shape[-1] - 1)
+    remove = sorted_scores > sorted_scores.gather(1, last_ind.unsqueeze(1))
+    remove[:, 0] = False
+    remove = remove & (mass < 1.0).unsqueeze(1)
+    mask = remove.scatter(1, sorted_idx, remove)
+    return x.masked_fill(mask, _NEG_INF)
