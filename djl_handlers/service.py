@@ -52,6 +52,10 @@ class InferenceService:
             props["model_id"] = str(embedded_model_dir())
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config, self.engine_name)
+        if isinstance(config.output_formatter, str):
+            from djl_handlers.formatting.registry import resolve_name
+
+            resolve_name(config.output_formatter, stream=False, config=True)  # a typo fails init, not requests
         self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
         rolling = config.is_rolling
