@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from djl_handlers.djl_server import DEFAULT_LIB, DjlServer, DjlServerError, find_lib
+from djl_handlers.djl_server import DjlServer, DjlServerError, find_lib
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "tests" / "djl_serving" / "models"
@@ -36,8 +36,8 @@ def djl_skip_reason() -> str | None:
         return "java is not on PATH (Java 17 is needed for the DJL Serving tests)"
     try:
         find_lib()
-    except DjlServerError:
-        return f"DJL jars missing in {DEFAULT_LIB}: run tests/djl_serving/fetch.sh"
+    except DjlServerError as err:
+        return str(err)
     return None
 
 
