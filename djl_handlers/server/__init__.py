@@ -1,1 +1,11 @@
-"""djl_handlers.server"""
+"""djl_handlers.server: a local HTTP server mirroring DJL Serving's front end for the Python engine.
+
+* :mod:`.protocol` — DJL's Java-side loops without I/O (dynamic batch frames, the rolling-batch step
+  state machine, record decoding) and the :class:`~.protocol.Transport` abstraction;
+* :mod:`.worker_process` — the worker process over a unix socket (a ``Transport``);
+* :mod:`.runtime` — queue, batching drivers, restarts, draining;
+* :mod:`.app` — the Starlette routes; :mod:`.serve` — uvicorn with graceful shutdown;
+* :mod:`.generate` — one request in process (``djl-handlers generate``).
+
+See docs/server.md.
+"""

@@ -1,1 +1,7 @@
-"""djl_handlers.worker"""
+"""djl_handlers.worker: our Python worker process speaking DJL Serving's socket protocol.
+
+``python -m djl_handlers.worker --sock-type unix --sock-name PATH --model-dir DIR --entry-point EP
+--device-id N`` takes the same arguments as DJL's ``djl_python_engine.py``, so either can serve a
+model for DJL Serving or for ``djl-handlers serve``. :mod:`.loader` (entry-point loading and the
+return-value mapping) is shared with the in-process transport of ``djl-handlers generate``.
+"""

@@ -1,0 +1,162 @@
+"""``djl-handlers``: serve a model directory locally, check it, or run one request in process.
+
+* ``djl-handlers serve [MODEL_DIR] [--host 127.0.0.1] [--port 8080] [--grace 30]``
+* ``djl-handlers check MODEL_DIR`` — properties parse, entry point imports, configuration builds;
+  prints the resolved configuration as JSON; exit 0 or 1.
+* ``djl-handlers generate MODEL_DIR '<json>' [--stream]`` — init call + one request driven exactly
+  like DJL's Java loop (rolling-batch steps until ``last``, or one dynamic-batch call), in process.
+
+See docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["default_model_dir", "main"]
+
+_EXAMPLE = "hf-rolling-batch"
+
+
+def default_model_dir() -> Path:
+    """The embedded example model directory: the repository's copy, else the packaged one."""
+    package = Path(__file__).resolve().parent
+    repo_copy = package.parent / "serving.properties.examples" / _EXAMPLE
+    if repo_copy.is_dir():
+        return repo_copy
+    return package / "examples" / _EXAMPLE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="djl-handlers", description="DJL Serving LMI handlers, locally.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model directory over HTTP like DJL Serving")
+    serve.add_argument("model_dir", nargs="?", default=None, help="model directory (default: the example)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    check = sub.add_parser("check", help="validate a model directory and print its configuration")
+    check.add_argument("model_dir")
+    generate = sub.add_parser("generate", help="run one request in process, without a server")
+    generate.add_argument("model_dir")
+    generate.add_argument("payload", help='request body, e.g. \'{"inputs": "Hello", "parameters": {}}\'')
+    generate.add_argument("--stream", action="store_true", help='set "stream": true and print as it comes')
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``djl-handlers`` console script; returns the exit status."""
+    args = _parser().parse_args(argv)
+    from djl_handlers.errors import DjlHandlersError
+
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "check":
+            return _check(args.model_dir)
+        return _generate(args.model_dir, args.payload, args.stream)
+    except DjlHandlersError as exc:
+        print(f"djl-handlers: error: {exc.message}", file=sys.stderr)
+        return 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from djl_handlers.server.serve import run_server
+    from djl_handlers.server.settings import load_settings
+    from djl_handlers.server.worker_process import StartupError
+
+    logging.basicConfig(level=os.environ.get("DJL_HANDLERS_LOG_LEVEL", "INFO"), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_dir = Path(args.model_dir) if args.model_dir else default_model_dir()
+    settings = load_settings(model_dir)
+
+    def listening(host: str, port: int) -> None:
+        print(f"djl-handlers: serving {settings.model_name} at http://{host}:{port}", flush=True)
+
+    try:
+        return run_server(settings, args.host, args.port, args.grace, listening)
+    except StartupError as exc:
+        print(f"djl-handlers: cannot start {settings.model_name}: {exc}", file=sys.stderr)
+        return 1
+
+
+@contextlib.contextmanager
+def _in_model_dir(model_dir: str) -> Iterator[None]:
+    """cwd = model dir and the model dir on ``sys.path``, as the worker runs."""
+    previous = os.getcwd()
+    os.chdir(model_dir)
+    if model_dir not in sys.path:
+        sys.path.insert(0, model_dir)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def _serving_config(settings: Any) -> dict[str, Any] | None:
+    """Build the typed configuration when the config layer offers it (``None`` if not available)."""
+    try:
+        from djl_handlers.config import models
+    except ImportError:
+        return None
+    builder = getattr(models, "build_serving_config", None) or getattr(models, "load_serving_config", None)
+    if builder is None:
+        return None
+    from djl_handlers.config.properties import load_model_properties
+
+    config = builder(load_model_properties(settings.model_dir))
+    if hasattr(config, "model_dump"):
+        return dict(config.model_dump(mode="json"))
+    if hasattr(config, "__dataclass_fields__"):
+        import dataclasses
+
+        return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    return {"repr": repr(config)}
+
+
+def _check(model_dir: str) -> int:
+    from djl_handlers.errors import message_of
+    from djl_handlers.server.settings import load_settings
+    from djl_handlers.worker.loader import load_entry_point
+
+    settings = load_settings(model_dir)
+    report: dict[str, Any] = settings.describe()
+    try:
+        with _in_model_dir(settings.model_dir):
+            module = load_entry_point(settings.entry_point, settings.model_dir)
+        if not callable(getattr(module, settings.handler, None)):
+            raise AttributeError(f"entry point {settings.entry_point!r} has no function {settings.handler!r}")
+        report["servingConfig"] = _serving_config(settings)
+    except Exception as exc:
+        print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2, sort_keys=True))
+    return 0
+
+
+def _payload(text: str, stream: bool) -> bytes:
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.encode("utf-8")
+    if stream and isinstance(body, dict):
+        body.setdefault("stream", True)
+    return json.dumps(body).encode("utf-8")
+
+
+def _generate(model_dir: str, payload: str, stream: bool) -> int:
+    from djl_handlers.server.generate import run_one
+    from djl_handlers.server.settings import load_settings
+
+    settings = load_settings(model_dir)
+    with _in_model_dir(settings.model_dir):
+        return run_one(settings, _payload(payload, stream), stream, sys.stdout)

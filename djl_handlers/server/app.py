@@ -1,0 +1,153 @@
+"""The HTTP side: a Starlette app mirroring DJL Serving's inference front end for one model.
+
+Routes: ``POST /invocations``, ``POST /predictions/{model}[/{version}]``, ``GET /ping``,
+``GET /models``, ``GET /models/{model}``, ``GET /metrics``. Request mapping as DJL's
+``RequestParser``: every header becomes an ``Input`` property (names arrive lower-cased through
+ASGI; ``get_property`` is case-insensitive), ``X-Amzn-SageMaker-Custom-Attributes: k=v;k2=v2`` adds
+``k``/``k2``; the body becomes content ``data``; query parameters become content entries. A request
+cannot choose the handler (a ``handler`` header is a 400). Bodies over 20 MiB (env
+``MAX_NETTY_BUFFER_SIZE``) are a 413.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from djl_handlers.io import wire
+from djl_handlers.server.protocol import WorkerRequest
+from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
+from djl_handlers.server.sink import SinkResponse
+
+__all__ = ["RequestRejected", "create_app", "to_worker_request"]
+
+_CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
+
+
+class RequestRejected(Exception):
+    """A transport-level problem answered by the front end itself (400, 404, 413)."""
+
+    def __init__(self, code: int, kind: str, message: str) -> None:
+        """``kind`` is the DJL exception name in the error body's ``type``."""
+        super().__init__(message)
+        self.code = code
+        self.kind = kind
+        self.message = message
+
+
+def _error(code: int, kind: str, message: str) -> JSONResponse:
+    """DJL's front-end error body."""
+    return JSONResponse({"code": code, "type": kind, "message": message}, status_code=code)
+
+
+def _properties(request: Request) -> dict[str, str]:
+    properties: dict[str, str] = {}
+    for raw_name, raw_value in request.headers.raw:
+        name = raw_name.decode("latin-1")
+        value = raw_value.decode("latin-1")
+        if name.lower() == "handler":
+            raise RequestRejected(400, "BadRequestException", "a request may not set the 'handler' property")
+        properties[name] = value
+        if name.lower() == _CUSTOM_ATTRIBUTES:
+            for item in value.split(";"):
+                key, sep, val = item.partition("=")
+                if sep and key.strip() and key.strip().lower() != "handler":
+                    properties[key.strip()] = val.strip()
+    return properties
+
+
+async def _body(request: Request) -> bytes:
+    limit = wire.max_frame_bytes()
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestRejected(413, "PayloadTooLargeException", f"request body exceeds {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestRejected(413, "PayloadTooLargeException", f"request body exceeds {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def to_worker_request(request: Request) -> WorkerRequest:
+    """Map an HTTP request to DJL's ``Input`` shape; :class:`RequestRejected` for front-end errors."""
+    properties = _properties(request)
+    body = await _body(request)
+    content: list[tuple[str | None, bytes]] = [("data", body)]
+    for key, value in request.query_params.multi_items():
+        content.append((key, value.encode("utf-8")))
+    return WorkerRequest(properties, content)
+
+
+def create_app(runtime: ModelRuntime) -> Starlette:
+    """The ASGI app for one model runtime (the worker must already be started)."""
+    name = runtime.settings.model_name
+
+    async def predict(request: Request) -> Any:
+        wanted = request.path_params.get("model") or request.query_params.get("model_name") \
+            or request.headers.get("model_name")
+        if wanted and wanted != name:
+            return _error(404, "ModelNotFoundException", f"Model or workflow not found: {wanted}")
+        try:
+            item = await to_worker_request(request)
+            sink = runtime.submit(item)
+        except RequestRejected as exc:
+            return _error(exc.code, exc.kind, exc.message)
+        except QueueFull as exc:
+            return _error(503, "WlmCapacityException", str(exc))
+        except ShuttingDown as exc:
+            return _error(503, "ServiceUnavailableException", str(exc))
+        return SinkResponse(sink)
+
+    async def ping(request: Request) -> Response:
+        healthy = runtime.alive() and runtime.accepting
+        status = "Healthy" if healthy else "Unhealthy"
+        return JSONResponse({name: {"status": status}}, status_code=200 if healthy else 503)
+
+    async def models(request: Request) -> Response:
+        status = "READY" if runtime.alive() else "UNAVAILABLE"
+        url = f"file://{runtime.settings.model_dir}"
+        return JSONResponse({"models": [{"modelName": name, "modelUrl": url, "status": status}]})
+
+    async def describe(request: Request) -> Response:
+        if request.path_params["model"] != name:
+            return _error(404, "ModelNotFoundException", f"Model not found: {request.path_params['model']}")
+        info = runtime.settings.describe()
+        info.update({
+            "status": "READY" if runtime.alive() else "UNAVAILABLE",
+            "requestInQueue": runtime.queue_depth(),
+            "workers": [{"id": 1, "pid": runtime.worker.pid, "restarts": max(runtime.worker.restarts, 0),
+                         "status": "READY" if runtime.alive() else "UNAVAILABLE"}],
+        })
+        return JSONResponse([info])
+
+    async def metrics(request: Request) -> Response:
+        text = runtime.metrics.render(runtime.queue_depth(), runtime.in_flight, runtime.alive())
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        runtime.attach()
+        try:
+            yield
+        finally:
+            await runtime.close()
+
+    routes = [
+        Route("/invocations", predict, methods=["POST"]),
+        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
+        Route("/ping", ping, methods=["GET", "POST"]),
+        Route("/models", models, methods=["GET"]),
+        Route("/models/{model}", describe, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -1,0 +1,92 @@
+"""One request without a server: the front end's loop over a :class:`.protocol.Transport`.
+
+``djl-handlers generate`` uses it with :class:`.protocol.InProcessTransport`; it sends the init call
+and then drives the request exactly as the server would: rolling-batch steps until the record says
+``last`` (the first step carries headers, body and seed, later ones empty bodies), or one
+dynamic-batch call whose reply may be streamed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from djl_handlers.server.protocol import (
+    BatchFailure,
+    InProcessTransport,
+    Record,
+    RollingBatcher,
+    Slot,
+    Transport,
+    WorkerRequest,
+    batch_frame,
+    reply_of,
+)
+from djl_handlers.server.settings import ServerSettings
+
+__all__ = ["drive_dynamic", "drive_rolling", "run_one"]
+
+
+def _emit(out: TextIO, data: bytes, flush: bool) -> None:
+    out.write(data.decode("utf-8", "replace"))
+    if flush:
+        out.flush()
+
+
+def drive_rolling(transport: Transport, request: WorkerRequest, handler: str, out: TextIO,
+                  flush: bool = False, max_steps: int = 1_000_000) -> int:
+    """Step one request to its end; returns the HTTP status it would get."""
+    batcher = RollingBatcher(handler, max_size=1)
+    batcher.add(Slot(request=request))
+    status: int | None = None
+    for _ in range(max_steps):
+        frame = transport.call(*batcher.build_step())
+        try:
+            results = batcher.apply(frame)
+        except BatchFailure as exc:
+            _emit(out, Record(code=exc.code, error=exc.message).error_body(), flush)
+            return exc.code
+        _, record, _headers = results[0]
+        if record.code is not None:
+            _emit(out, record.error_body(), flush)
+            return status or record.code
+        if record.data:
+            status = status or 200
+            _emit(out, record.data.encode("utf-8"), flush)
+        if record.last:
+            return status or 200
+    return 500
+
+
+def drive_dynamic(transport: Transport, request: WorkerRequest, handler: str, out: TextIO,
+                  flush: bool = False) -> int:
+    """One (unbatched) call; a streamed reply is printed chunk by chunk."""
+    reply = reply_of(transport.call(*batch_frame([request], handler)))
+    if reply.chunks is not None:
+        for data, _more in reply.chunks:
+            _emit(out, data, flush)
+    else:
+        _emit(out, reply.body, flush)
+    return reply.code
+
+
+def run_one(settings: ServerSettings, body: bytes, stream: bool, out: TextIO = sys.stdout) -> int:
+    """Init the handler in process, run one request, print its body; exit status 0 when < 300."""
+    transport = InProcessTransport(settings.entry_point, settings.model_dir)
+    init = transport.call(settings.init_properties(), [])
+    if init.code >= 300:
+        detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")
+        print(f"djl-handlers: model initialization failed ({init.code} {init.message}): {detail}",
+              file=sys.stderr)
+        return 1
+    request = WorkerRequest({"content-type": "application/json"}, [("data", body)])
+    if settings.rolling:
+        code = drive_rolling(transport, request, settings.handler, out, flush=stream)
+    else:
+        code = drive_dynamic(transport, request, settings.handler, out, flush=stream)
+    out.write("\n")
+    out.flush()
+    if code >= 300:
+        print(f"djl-handlers: the request failed with status {code}", file=sys.stderr)
+        return 1
+    return 0

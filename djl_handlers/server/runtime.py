@@ -1,0 +1,328 @@
+"""The model runtime: one worker process, a bounded queue, and DJL's batching loops.
+
+All worker I/O happens on one dedicated thread (``run_in_executor`` on a single-thread pool), so
+exactly one frame is on the socket at a time; all state lives on the event loop. Two drivers:
+
+* dynamic batching: gather up to ``batch_size`` requests for up to ``max_batch_delay`` ms, send one
+  frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk;
+* rolling batch: :class:`.protocol.RollingBatcher` steps over the in-flight list until each slot's
+  record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue.
+
+A worker that dies fails only the requests it held (error chunk or 500 JSON) and is restarted with
+the init call. :meth:`ModelRuntime.drain` implements graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from djl_handlers.io import wire
+from djl_handlers.server.metrics import Metrics
+from djl_handlers.server.protocol import (
+    BatchFailure,
+    Record,
+    Reply,
+    RollingBatcher,
+    Slot,
+    WorkerRequest,
+    batch_frame,
+    split_batch,
+)
+from djl_handlers.server.settings import ServerSettings
+from djl_handlers.server.sink import ResponseSink, error_json
+from djl_handlers.server.worker_process import StartupError, WorkerDied, WorkerProcess, WorkerSpec
+
+__all__ = ["ModelRuntime", "QueueFull", "ShuttingDown"]
+
+_LOG = logging.getLogger("djl_handlers.server")
+_WATCH_INTERVAL_S = 0.5
+
+
+class QueueFull(Exception):
+    """``job_queue_size`` requests are already waiting (HTTP 503)."""
+
+
+class ShuttingDown(Exception):
+    """The server no longer accepts requests (HTTP 503)."""
+
+
+def _rolling_error(code: int, message: str) -> bytes:
+    return Record(code=code, error=message).error_body()
+
+
+class ModelRuntime:
+    """Owns the worker and schedules requests onto it."""
+
+    def __init__(self, settings: ServerSettings, worker: WorkerProcess | None = None) -> None:
+        """Build the runtime; :meth:`start_worker` then :meth:`attach` make it serve."""
+        self.settings = settings
+        self.worker = worker or WorkerProcess(WorkerSpec(
+            model_dir=settings.model_dir, entry_point=settings.entry_point,
+            init_properties=settings.init_properties(), predict_timeout_s=settings.predict_timeout_s,
+            loading_timeout_s=settings.loading_timeout_s, env=settings.worker_env,
+        ))
+        self.metrics = Metrics(model=settings.model_name)
+        self.accepting = True
+        self.in_flight = 0
+        self.outstanding: set[ResponseSink] = set()
+        self._queue: deque[tuple[WorkerRequest, ResponseSink]] = deque()
+        self._batcher = RollingBatcher(settings.handler, settings.max_rolling_batch_size)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="djlh-worker-io")
+        self._wake: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start_worker(self) -> None:
+        """Start the worker and run the init call (blocking; before the port opens)."""
+        self.worker.start()
+
+    def attach(self) -> None:
+        """Start the scheduling loop and the worker watchdog on the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        loop_fn = self._rolling_loop if self.settings.rolling else self._dynamic_loop
+        self._tasks = [asyncio.create_task(loop_fn()), asyncio.create_task(self._watchdog())]
+
+    async def close(self) -> None:
+        """Stop the loops and the worker."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.worker.stop)
+        self._executor.shutdown(wait=False)
+
+    def alive(self) -> bool:
+        """True when the worker is up and initialized."""
+        return self.worker.alive()
+
+    def queue_depth(self) -> int:
+        """Requests waiting for the worker."""
+        return len(self._queue)
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new requests, wait up to ``grace_s`` for the outstanding ones, fail the rest (503)."""
+        self.accepting = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while self.outstanding and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for sink in list(self.outstanding):
+            sink.fail(503, _rolling_error(503, "the server shut down before the request finished")
+                      if self.settings.rolling else
+                      error_json(503, "ServiceUnavailableException", "the server is shutting down"))
+        self._queue.clear()
+
+    # ------------------------------------------------------------------ admission
+
+    def submit(self, request: WorkerRequest) -> ResponseSink:
+        """Queue a request; :class:`ShuttingDown` or :class:`QueueFull` when it cannot be taken."""
+        if not self.accepting:
+            raise ShuttingDown("the server is shutting down")
+        if len(self._queue) >= self.settings.job_queue_size:
+            raise QueueFull(f"the job queue is full ({self.settings.job_queue_size} requests waiting)")
+        sink = ResponseSink(on_done=self._done, on_cancel=self._cancelled)
+        self.outstanding.add(sink)
+        self._queue.append((request, sink))
+        self._poke()
+        return sink
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _done(self, sink: ResponseSink) -> None:
+        self.outstanding.discard(sink)
+        self.metrics.observe(sink.status or 499, self._elapsed(sink))
+
+    @staticmethod
+    def _elapsed(sink: ResponseSink) -> float:
+        return time.monotonic() - sink.created
+
+    def _cancelled(self, sink: ResponseSink) -> None:
+        self.metrics.cancelled += 1
+        if sink.slot is not None:
+            sink.slot.cancelled = True
+        self._poke()
+
+    async def _wait_for_work(self, busy: bool = False) -> None:
+        assert self._wake is not None
+        while not (self._queue or busy or not self.worker.alive()):
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(_WATCH_INTERVAL_S)
+            if not self.worker.alive():
+                self._poke()
+
+    async def _restart(self) -> None:
+        """Restart a dead worker (with its init call); on failure fail the waiting requests."""
+        self.metrics.restarts += 1
+        _LOG.warning("worker process is not running; restarting it")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self.worker.start)
+        except StartupError as exc:
+            _LOG.error("worker restart failed: %s", exc)
+            while self._queue:
+                _, sink = self._queue.popleft()
+                sink.fail(503, error_json(503, "ServiceUnavailableException", f"worker unavailable: {exc}"))
+            await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------------ dynamic batching
+
+    async def _dynamic_loop(self) -> None:
+        while True:
+            await self._wait_for_work()
+            if not self.worker.alive():
+                await self._restart()
+                continue
+            batch = await self._gather()
+            batch = [(request, sink) for request, sink in batch if not sink.done]
+            if batch:
+                await self._run_batch(batch)
+
+    async def _gather(self) -> list[tuple[WorkerRequest, ResponseSink]]:
+        """Up to ``batch_size`` requests, waiting at most ``max_batch_delay`` for more."""
+        assert self._wake is not None
+        batch = [self._queue.popleft()] if self._queue else []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.max_batch_delay_ms / 1000.0
+        while batch and len(batch) < self.settings.batch_size:
+            if self._queue:
+                batch.append(self._queue.popleft())
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except TimeoutError:
+                break
+        return batch
+
+    async def _run_batch(self, batch: list[tuple[WorkerRequest, ResponseSink]]) -> None:
+        sinks = [sink for _, sink in batch]
+        properties, content = batch_frame([request for request, _ in batch], self.settings.handler)
+        loop = asyncio.get_running_loop()
+        self.in_flight = len(batch)
+        try:
+            replies = await loop.run_in_executor(self._executor, self._exchange, properties, content, sinks)
+        except WorkerDied as exc:
+            for sink in sinks:
+                sink.fail(500, error_json(500, "WorkerDiedException", str(exc)))
+            return
+        except BatchFailure as exc:
+            for sink in sinks:
+                sink.fail(exc.code, error_json(exc.code, "BatchFailure", exc.message))
+            return
+        finally:
+            self.in_flight = 0
+        for sink, reply in zip(sinks, replies or [], strict=False):
+            sink.respond(reply.code, reply.headers, reply.body)
+
+    def _exchange(self, properties: dict[str, str], content: list[tuple[str | None, bytes]],
+                  sinks: list[ResponseSink]) -> list[Reply] | None:
+        """Worker thread: one call; a streamed reply is relayed to the (single) sink here."""
+        frame = self.worker.call(properties, content)
+        if frame.chunks is not None and len(sinks) == 1:
+            self._relay(frame, sinks[0])
+            return None
+        return split_batch(frame, len(sinks))
+
+    def _relay(self, frame: wire.OutputFrame, sink: ResponseSink) -> None:
+        assert self._loop is not None and frame.chunks is not None
+        call = self._loop.call_soon_threadsafe
+        call(sink.start, frame.code, dict(frame.properties))
+        for data, _more in frame.chunks:
+            if data:
+                call(sink.write, data)
+        call(sink.finish)
+
+    # ------------------------------------------------------------------ rolling batch
+
+    async def _rolling_loop(self) -> None:
+        batcher = self._batcher
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_work(busy=bool(batcher.slots))
+            if not self.worker.alive():
+                self._fail_slots(batcher.clear(), 500, "the worker process died")
+                await self._restart()
+                continue
+            self._admit()
+            if not batcher.slots:
+                continue
+            properties, content = batcher.build_step()
+            self.in_flight = len(batcher.slots)
+            self.metrics.rolling_batch_size = len(batcher.slots)
+            try:
+                frame = await loop.run_in_executor(self._executor, self._call_drained, properties, content)
+                results = batcher.apply(frame)
+            except WorkerDied as exc:
+                self._fail_slots(batcher.clear(), 500, str(exc))
+                continue
+            except BatchFailure as exc:
+                self._fail_slots(batcher.clear(), exc.code, exc.message)
+                continue
+            finally:
+                self.in_flight = len(batcher.slots)
+            for slot, record, headers in results:
+                self._deliver(slot, record, headers)
+
+    def _admit(self) -> None:
+        batcher = self._batcher
+        while self._queue and batcher.has_room():
+            request, sink = self._queue.popleft()
+            if sink.done:
+                continue
+            slot = Slot(request=WorkerRequest(request.properties, [("data", request.data())]), owner=sink)
+            sink.slot = slot
+            batcher.add(slot)
+
+    def _call_drained(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> Any:
+        """Worker thread: one step; a (wrong) streamed reply is read to its end to keep the socket sane."""
+        frame = self.worker.call(properties, content)
+        if frame.chunks is not None:
+            for _ in frame.chunks:
+                pass
+        return frame
+
+    def _fail_slots(self, slots: list[Slot], code: int, message: str) -> None:
+        for slot in slots:
+            slot.owner.fail(code, _rolling_error(code, message))
+
+    def _deliver(self, slot: Slot, record: Record, headers: dict[str, str]) -> None:
+        """Apply one record to its HTTP response, the way DJL's ``Request.addResponse`` does."""
+        sink: ResponseSink = slot.owner
+        if record.data:
+            self.metrics.tokens += record.tokens
+        if sink.done:
+            return  # cancelled or already failed: discard until the slot finishes
+        merged = dict(headers)
+        default = self.settings.default_content_type()
+        if default and not any(key.lower() == "content-type" for key in merged):
+            merged["Content-Type"] = default
+        if record.code is not None:
+            sink.fail(record.code, record.error_body(), merged)
+            return
+        if record.data:
+            sink.start(200, merged)
+            sink.write(record.data.encode("utf-8"))
+        if record.last:
+            sink.start(200, merged)
+            sink.finish()

@@ -1,0 +1,188 @@
+"""One HTTP response being produced by the runtime and consumed by the ASGI layer.
+
+The runtime (event-loop thread) calls :meth:`ResponseSink.start`, :meth:`write`, :meth:`finish`,
+:meth:`respond` or :meth:`fail`; :class:`SinkResponse` awaits the head, sends it, then relays chunks,
+and cancels the sink when the client disconnects. Status and headers are fixed by the first chunk,
+as in DJL (a rolling-batch record error before any data sets the status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ResponseSink", "SinkResponse", "error_json"]
+
+_SKIP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+
+
+def error_json(code: int, kind: str, message: str) -> bytes:
+    """DJL front-end error body ``{"code", "type", "message"}``."""
+    return json.dumps({"code": code, "type": kind, "message": message}).encode("utf-8")
+
+
+def _valid_status(code: int) -> int:
+    return code if 100 <= code <= 599 else 500
+
+
+class ResponseSink:
+    """Head + body chunks of one response; every method is idempotent after :meth:`finish`."""
+
+    def __init__(self, on_done: Callable[[ResponseSink], None] | None = None,
+                 on_cancel: Callable[[ResponseSink], None] | None = None) -> None:
+        """``on_done`` runs once when the response is complete (or cancelled)."""
+        self.status: int | None = None
+        self.headers: dict[str, str] = {}
+        self.full_body: bytes | None = None
+        self.started = False
+        self.done = False
+        self.cancelled = False
+        self.slot: Any = None
+        self.created = time.monotonic()
+        self._on_done = on_done
+        self._on_cancel = on_cancel
+        self._head = asyncio.Event()
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    # ------------------------------------------------------------------ producer side
+
+    def start(self, status: int, headers: dict[str, str]) -> None:
+        """Fix the status line and headers (only the first call counts)."""
+        if self.started or self.done:
+            return
+        self.status = _valid_status(status)
+        self.headers = dict(headers)
+        self.started = True
+        self._head.set()
+
+    def write(self, data: bytes) -> None:
+        """Queue a body chunk (empty chunks are skipped)."""
+        if data and not self.done:
+            self._chunks.put_nowait(bytes(data))
+
+    def finish(self) -> None:
+        """End the body; a response that never started becomes an empty 200."""
+        if self.done:
+            return
+        if not self.started:
+            self.start(200, {})
+        self.done = True
+        self._chunks.put_nowait(None)
+        if self._on_done is not None:
+            self._on_done(self)
+
+    def respond(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """A complete, non-streamed response (sent with Content-Length)."""
+        if self.started or self.done:
+            return
+        self.full_body = bytes(body)
+        self.start(status, headers)
+        self.finish()
+
+    def fail(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        """Finish with an error: as the status and body if nothing was sent yet, else a final chunk."""
+        if self.done:
+            return
+        if not self.started:
+            kept = {k: v for k, v in (headers or {}).items() if k.lower() != "content-type"}
+            self.respond(code, {**kept, "content-type": "application/json"}, body)
+            return
+        self.write(body)
+        self.finish()
+
+    def cancel(self) -> None:
+        """The client went away: stop producing; the runtime frees the slot."""
+        if self.done:
+            return
+        self.cancelled = True
+        if not self.started:
+            self.status = 499
+        self.done = True
+        self._head.set()
+        self._chunks.put_nowait(None)
+        if self._on_cancel is not None:
+            self._on_cancel(self)
+        if self._on_done is not None:
+            self._on_done(self)
+
+    # ------------------------------------------------------------------ consumer side
+
+    async def wait_head(self) -> None:
+        """Wait until the status and headers are known."""
+        await self._head.wait()
+
+    async def next_chunk(self) -> bytes | None:
+        """The next body chunk, ``None`` at the end."""
+        return await self._chunks.get()
+
+
+def _raw_headers(headers: dict[str, str], length: int | None) -> list[tuple[bytes, bytes]]:
+    raw = [(k.lower().encode("latin-1"), str(v).encode("latin-1", "replace"))
+           for k, v in headers.items() if k.lower() not in _SKIP_HEADERS]
+    if length is not None:
+        raw.append((b"content-length", str(length).encode("ascii")))
+    return raw
+
+
+async def _wait_disconnect(receive: Callable[[], Any]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class SinkResponse:
+    """An ASGI response relaying a :class:`ResponseSink`, watching for client disconnects."""
+
+    def __init__(self, sink: ResponseSink) -> None:
+        """Wrap ``sink``."""
+        self.sink = sink
+
+    async def _race(self, awaitable: Any, watcher: asyncio.Task[None]) -> tuple[bool, Any]:
+        """Await ``awaitable`` unless the client disconnects first: ``(finished, result)``."""
+        task = asyncio.ensure_future(awaitable)
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        return False, None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """Send head and chunks; a disconnect cancels the sink."""
+        sink = self.sink
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            ok, _ = await self._race(sink.wait_head(), watcher)
+            if not ok or sink.status is None:
+                sink.cancel()
+                return
+            await self._send_all(send, watcher)
+        except OSError:
+            sink.cancel()
+        finally:
+            watcher.cancel()
+
+    async def _send_all(self, send: Any, watcher: asyncio.Task[None]) -> None:
+        sink = self.sink
+        assert sink.status is not None
+        no_body = sink.status in (204, 304) or sink.status < 200
+        if sink.full_body is not None:
+            body = b"" if no_body else sink.full_body
+            await send({"type": "http.response.start", "status": sink.status,
+                        "headers": _raw_headers(sink.headers, None if no_body else len(body))})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return
+        await send({"type": "http.response.start", "status": sink.status,
+                    "headers": _raw_headers(sink.headers, None)})
+        while True:
+            ok, chunk = await self._race(sink.next_chunk(), watcher)
+            if not ok:
+                sink.cancel()
+                return
+            if chunk is None:
+                break
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,0 +1,8 @@
+"""``python -m djl_handlers.worker``: run one worker process (see :mod:`djl_handlers.worker.engine`)."""
+
+import sys
+
+from djl_handlers.worker.engine import main
+
+if __name__ == "__main__":
+    sys.exit(main())

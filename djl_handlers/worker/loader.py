@@ -1,0 +1,127 @@
+"""Load a handler entry point and call it the way DJL's Python engine does.
+
+Shared by the socket worker (:mod:`djl_handlers.worker.engine`) and the in-process transport used by
+``djl-handlers generate``, so both map handler results and exceptions identically:
+
+* ``None`` → ``Output(code=204, message="No content")``;
+* a value without ``send`` (not an ``Output``) → 424 ``Invalid output type: ...``;
+* ``OutOfMemoryError``/``MemoryError`` (by class name) or an error whose status is 507 → 507 with the
+  exception text as message and no body;
+* any other exception → ``Output().error(message)`` (424), the message never empty.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from djl_handlers.errors import message_of, status_of
+
+__all__ = ["HandlerService", "load_entry_point", "map_exception", "map_result"]
+
+_LOG = logging.getLogger(__name__)
+_OOM_NAMES = ("OutOfMemoryError", "MemoryError")
+
+
+def _output_class() -> type:
+    """djl_python's ``Output`` when importable (inside DJL Serving), else ours."""
+    from djl_handlers.io.compat import io_classes
+
+    return io_classes()[1]
+
+
+def load_entry_point(entry_point: str, model_dir: str | os.PathLike[str]) -> ModuleType:
+    """Import ``entry_point`` as DJL's ``service_loader`` does.
+
+    An absolute path to a ``.py`` file is loaded as module ``model``; a relative ``name.py`` must
+    exist in the model directory and is imported as ``name``; anything else is a dotted module name.
+    The model directory is put first on ``sys.path``.
+    """
+    model_path = Path(model_dir).resolve()
+    if str(model_path) not in sys.path:
+        sys.path.insert(0, str(model_path))
+    if os.path.isabs(entry_point):
+        return _load_file(Path(entry_point), "model")
+    if entry_point.endswith(".py"):
+        target = model_path / entry_point
+        if not target.is_file():
+            raise FileNotFoundError(f"entry point {entry_point!r} not found in {model_path}")
+        return importlib.import_module(entry_point[: -len(".py")].replace("/", "."))
+    return importlib.import_module(entry_point)
+
+
+def _load_file(path: Path, name: str) -> ModuleType:
+    """Import a Python source file under module name ``name``."""
+    if not path.is_file():
+        raise FileNotFoundError(f"entry point file {str(path)!r} does not exist")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load entry point file {str(path)!r}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def map_exception(exc: BaseException) -> Any:
+    """The ``Output`` DJL's engine sends for a handler exception (507 for OOM, else 424)."""
+    output_cls = _output_class()
+    message = message_of(exc)
+    if type(exc).__name__ in _OOM_NAMES or status_of(exc) == 507:
+        return output_cls(code=507, message=message)
+    return output_cls().error(message)
+
+
+def map_result(result: Any) -> Any:
+    """The ``Output`` to send for a handler's return value."""
+    output_cls = _output_class()
+    if result is None:
+        return output_cls(code=204, message="No content")
+    if not callable(getattr(result, "send", None)):
+        return output_cls().error(f"Invalid output type: {type(result).__name__}")
+    return result
+
+
+class HandlerService:
+    """One entry point, loaded once on first use, called per message like DJL's ``ModelService``."""
+
+    def __init__(self, entry_point: str, model_dir: str | os.PathLike[str]) -> None:
+        """Remember what to load; nothing is imported yet."""
+        self.entry_point = entry_point
+        self.model_dir = str(Path(model_dir).resolve())
+        self._module: ModuleType | None = None
+
+    def module(self) -> ModuleType:
+        """The loaded entry-point module (imported on the first call)."""
+        if self._module is None:
+            self._module = load_entry_point(self.entry_point, self.model_dir)
+        return self._module
+
+    def invoke(self, inputs: Any) -> Any:
+        """Call the function named by ``inputs``' ``handler`` property (default ``handle``).
+
+        Never raises for a handler problem: every failure becomes an error ``Output``.
+        """
+        name = getattr(inputs, "function_name", None) or inputs.get_properties().get("handler") or "handle"
+        inputs.get_properties()["model_dir"] = self.model_dir
+        try:
+            module = self.module()
+        except Exception as exc:  # import errors become the reply, e.g. to the init call
+            _LOG.exception("failed to load entry point %s", self.entry_point)
+            message = f"failed to load entry point {self.entry_point!r}: {message_of(exc)}"
+            return _output_class()().error(message)
+        function = getattr(module, name, None)
+        if not callable(function):
+            return _output_class()().error(f"entry point {self.entry_point!r} has no function {name!r}")
+        try:
+            result = function(inputs)
+        except Exception as exc:
+            _LOG.exception("handler %s.%s failed", self.entry_point, name)
+            return map_exception(exc)
+        return map_result(result)
