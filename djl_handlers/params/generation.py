@@ -320,7 +320,7 @@ def _partition(data: Mapping[Any, Any], ctx: _Context, strict: bool) -> tuple[di
         name, reason = _classify(key, value, ctx)
         if reason is not None:
             if strict or not isinstance(key, str):
-                raise InvalidParameter(reason, field=key if isinstance(key, str) else "parameters")
+                raise InvalidParameter(reason, field=key if isinstance(key, str) and key else "parameters")
             logger.warning("ignoring %s", reason)
             ignored.append(key)
         elif name is not None:

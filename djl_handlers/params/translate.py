@@ -41,7 +41,7 @@ _TABLE: Mapping[str, str] = {
     "typical_p": "NNUUU",
     "truncate": "EEEEE",
     "ignore_eos_token": "EENNN",
-    "min_p": "NNNNN",
+    "min_p": "UUNNN",
     "presence_penalty": "UUNNN",
     "frequency_penalty": "UUNNN",
     "num_beams": "UUUUU",
@@ -119,8 +119,6 @@ def to_hf(p: GenerationParameters) -> dict[str, Any]:
         kwargs["top_p"] = p.top_p
         if p.typical_p < 1.0:
             kwargs["typical_p"] = p.typical_p
-        if p.min_p > 0.0:
-            kwargs["min_p"] = p.min_p
     return kwargs
 
 
