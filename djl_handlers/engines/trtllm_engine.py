@@ -1,0 +1,294 @@
+"""TensorRT-LLM adapter: the synchronous Engine protocol over the asynchronous LLM API.
+
+``tensorrt_llm.LLM`` runs in-flight batching in its own executor; a request is submitted with
+``generate_async(prompt_token_ids, sampling_params=SamplingParams(**to_trtllm(params)),
+streaming=True)``, which returns a ``RequestOutput`` that yields an updated snapshot of itself
+after every engine iteration (``async for``). The adapter owns a private event loop on a daemon
+thread; it submits every request there (the LLM API gives a result an async queue only when it
+is created inside a running loop) and runs one pump task per request that turns snapshots into
+deltas and puts them on a thread-safe queue. ``step()`` returns every delta that is ready,
+waiting up to ``poll_timeout_s`` when none is, so the caller's loop keeps its own rhythm.
+
+Deltas → ``StepOutput``: one per new token id, the text delta on the last one (TensorRT-LLM
+detokenizes per response). TensorRT-LLM matches stop words on token ids and, unless
+``include_stop_str_in_output``, trims them from the final output only; the adapter therefore
+holds back ``len(longest stop string) - 1`` characters of an unfinished request (as vLLM does),
+so a stop string is never streamed. The end token is not part of ``token_ids``: an EOS finish
+arrives as a final response without new tokens, reported as one ``StepOutput`` whose
+``token_id`` is the end id (for a trimmed stop word: the stop word's last token id).
+Finish reasons: ``length`` → ``length``; ``stop`` with a str ``stop_reason`` → ``stop_sequence``;
+other ``stop`` → ``eos_token``; ``cancelled``/``timeout`` → an error for the request; no finish
+reason at all (old releases) → v0.27's rule (``eos_token`` when fewer than
+``max_tokens`` tokens were generated, else ``length``).
+
+``release(id)`` of an unfinished request calls ``RequestOutput.abort()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.vllm_engine import (
+    fit_kwargs,
+    import_engine_library,
+    resolve_model,
+    tensor_parallel_size,
+    token_logprob,
+)
+from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong, message_of
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "auto"}
+
+
+@dataclass
+class _Delta:
+    """What one response added to a request."""
+
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[Optional[float]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: Optional[str] = None
+    error: Optional[str] = None
+
+
+@dataclass
+class _Tracker:
+    """Pump-side state of one request (touched only on the adapter's event loop)."""
+
+    max_tokens: int
+    holdback: int
+    end_id: int
+    tokenizer: Any = None
+    text_len: int = 0
+    token_count: int = 0
+
+
+@dataclass
+class _Request:
+    """Caller-side state of one request."""
+
+    result: Any = None
+    finished: bool = False
+
+
+def map_finish_reason(reason: Optional[str], stop_reason: Any, generated: int, max_tokens: int) -> Optional[str]:
+    """TensorRT-LLM's finish reason → LMI's (``error`` for cancelled/timeout)."""
+    if reason is None:
+        return "eos_token" if generated < max_tokens else "length"
+    if reason == "length":
+        return "length"
+    if reason == "stop":
+        return "stop_sequence" if isinstance(stop_reason, str) else "eos_token"
+    return "error"
+
+
+def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
+    """``tensorrt_llm.LLM`` keywords from a ServingConfig-like object."""
+    dtype = str(getattr(config, "dtype", "auto") or "auto")
+    kwargs: dict[str, Any] = {
+        "model": resolve_model(config),
+        "dtype": DTYPES.get(dtype, dtype),
+        "tensor_parallel_size": tensor_parallel_size(config),
+        "trust_remote_code": bool(getattr(config, "trust_remote_code", False)),
+        "max_batch_size": int(getattr(config, "max_rolling_batch_size", 32) or 32),
+    }
+    if getattr(config, "max_model_len", None):
+        kwargs["max_seq_len"] = int(config.max_model_len)
+    opts = getattr(config, "trtllm", None)
+    if opts is None:
+        return kwargs
+    if opts.max_num_tokens:
+        kwargs["max_num_tokens"] = int(opts.max_num_tokens)
+    kv = getattr(llmapi, "KvCacheConfig", None)
+    if kv is not None:
+        kwargs["kv_cache_config"] = kv(
+            free_gpu_memory_fraction=opts.kv_cache_free_gpu_mem_fraction, enable_block_reuse=opts.enable_kv_cache_reuse
+        )
+    policy = getattr(getattr(llmapi, "CapacitySchedulerPolicy", None), opts.batch_scheduler_policy.upper(), None)
+    if policy is not None and getattr(llmapi, "SchedulerConfig", None) is not None:
+        kwargs["scheduler_config"] = llmapi.SchedulerConfig(capacity_scheduler_policy=policy)
+    return kwargs
+
+
+class TrtLlmEngine:
+    """The Engine protocol over ``tensorrt_llm.LLM`` (see the module docstring)."""
+
+    name = "tensorrt_llm"
+
+    def __init__(
+        self, llm: Any, *, max_model_len: int, poll_timeout_s: float = 0.05, submit_timeout_s: float = 60.0
+    ) -> None:
+        self.llm = llm
+        tokenizer = getattr(llm, "tokenizer", None)
+        self.tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # TransformersTokenizer wraps HF's
+        self.max_model_len = max_model_len
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids = frozenset([eos]) if isinstance(eos, int) else frozenset(eos or ())
+        self.poll_timeout_s = poll_timeout_s
+        self.submit_timeout_s = submit_timeout_s
+        self._ready: queue.Queue[tuple[int, _Delta]] = queue.Queue()
+        self._requests: dict[int, _Request] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-adapter-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: Any) -> TrtLlmEngine:
+        """Build ``tensorrt_llm.LLM(...)`` from a ServingConfig-like object."""
+        trt = import_engine_library("tensorrt_llm", cls.name)
+        llmapi = getattr(trt, "llmapi", trt)
+        kwargs = llm_kwargs(config, llmapi)
+        try:
+            llm = trt.LLM(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"TensorRT-LLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
+        max_len = getattr(getattr(llm, "args", None), "max_seq_len", None) or kwargs.get("max_seq_len") or 2048
+        return cls(llm, max_model_len=int(max_len))
+
+    # -- Engine protocol ---------------------------------------------------------------------------
+    def add_request(self, request: EngineRequest) -> None:
+        """Submit ``request`` to the LLM API; bad parameters raise ``InvalidParameter``."""
+        sampling, tracker = self._sampling_params(request)
+        inputs: Any = list(request.prompt_ids) if request.prompt_ids else request.prompt
+        rid = request.request_id
+        state = _Request()
+        self._requests[rid] = state
+        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker), self._loop)
+        try:
+            state.result = future.result(timeout=self.submit_timeout_s)
+        except ValueError as exc:
+            self._requests.pop(rid, None)
+            raise PromptTooLong(f"TensorRT-LLM rejected the prompt: {exc}", field="inputs") from exc
+        except BaseException:
+            self._requests.pop(rid, None)
+            raise
+
+    def step(self) -> list[StepOutput]:
+        """Every delta that is ready, waiting up to ``poll_timeout_s`` for the first one."""
+        outputs: list[StepOutput] = []
+        block = self.has_unfinished()
+        while True:
+            try:
+                rid, delta = self._ready.get(timeout=self.poll_timeout_s) if block else self._ready.get_nowait()
+            except queue.Empty:
+                return outputs
+            block = False
+            state = self._requests.get(rid)
+            if state is None or state.finished:
+                continue  # released already, or a late response after the final one
+            if delta.finish_reason is not None or delta.error is not None:
+                state.finished = True
+            outputs.extend(_step_outputs(rid, delta))
+
+    def release(self, request_id: int) -> None:
+        """Forget the request; abort it in TensorRT-LLM when it is still running."""
+        state = self._requests.pop(request_id, None)
+        if state is not None and not state.finished and state.result is not None:
+            self._loop.call_soon_threadsafe(state.result.abort)
+
+    def has_unfinished(self) -> bool:
+        return any(not s.finished for s in self._requests.values())
+
+    def close(self) -> None:
+        """Shut the LLM down and stop the adapter's event loop."""
+        shutdown = getattr(self.llm, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # -- internals ---------------------------------------------------------------------------------
+    def _sampling_params(self, request: EngineRequest) -> tuple[Any, _Tracker]:
+        trt = import_engine_library("tensorrt_llm", self.name)
+        from djl_handlers.params.translate import to_trtllm
+
+        kwargs = to_trtllm(request.params)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            kwargs.setdefault("end_id", eos)
+        try:
+            sampling = trt.SamplingParams(**fit_kwargs(trt.SamplingParams, kwargs, "tensorrt_llm"))
+        except (TypeError, ValueError) as exc:
+            raise InvalidParameter(f"TensorRT-LLM rejected the parameters: {exc}") from exc
+        stops = [] if sampling.include_stop_str_in_output else _as_list(sampling.stop)
+        holdback = max((len(s) for s in stops), default=1) - 1
+        end_id = sampling.end_id if sampling.end_id is not None else -1
+        tracker = _Tracker(int(sampling.max_tokens), holdback, end_id, self.tokenizer)
+        return sampling, tracker
+
+    async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker) -> Any:
+        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True)
+        self._loop.create_task(self._pump(rid, result, tracker))
+        return result
+
+    async def _pump(self, rid: int, result: Any, tracker: _Tracker) -> None:
+        try:
+            async for snapshot in result:
+                delta = _delta(tracker, snapshot.outputs[0], bool(snapshot.finished))
+                if delta is not None:
+                    self._ready.put((rid, delta))
+        except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
+            self._ready.put((rid, _Delta(error=f"TensorRT-LLM request failed: {message_of(exc)}")))
+
+
+def _delta(tracker: _Tracker, comp: Any, finished: bool) -> Optional[_Delta]:
+    """The part of ``comp`` (a cumulative CompletionOutput) not reported yet, or None."""
+    ids = list(comp.token_ids or [])
+    new_ids = ids[tracker.token_count :]
+    entries = comp.logprobs or []
+    start = tracker.token_count
+    log_probs = [
+        token_logprob(entries[start + i], t) if len(entries) > start + i else None for i, t in enumerate(new_ids)
+    ]
+    tracker.token_count = max(tracker.token_count, len(ids))
+    text = comp.text or ""
+    visible = text if finished else text[: max(0, len(text) - tracker.holdback)]
+    delta_text = visible[tracker.text_len :] if len(visible) > tracker.text_len else ""
+    tracker.text_len = max(tracker.text_len, len(visible))
+    reason = None
+    if finished or comp.finish_reason is not None:
+        reason = map_finish_reason(comp.finish_reason, comp.stop_reason, tracker.token_count, tracker.max_tokens)
+    if reason == "error":
+        return _Delta(error=f"TensorRT-LLM ended the request (finish_reason={comp.finish_reason!r})")
+    if reason is not None and reason != "length" and not new_ids:
+        new_ids, log_probs = [_completing_token(tracker, comp.stop_reason)], [None]
+    if not new_ids and not delta_text and reason is None:
+        return None
+    return _Delta(new_ids, log_probs, delta_text, reason)
+
+
+def _completing_token(tracker: _Tracker, stop_reason: Any) -> int:
+    """The token that ended a request whose final response carries no new token: the end id, the
+    stop token id, or the last token of the (trimmed) stop word, which TensorRT-LLM matched on
+    ``tokenizer.encode(stop)``."""
+    if isinstance(stop_reason, int):
+        return stop_reason
+    if isinstance(stop_reason, str) and tracker.tokenizer is not None:
+        ids = tracker.tokenizer.encode(stop_reason, add_special_tokens=False)
+        if ids:
+            return int(ids[-1])
+    return tracker.end_id
+
+
+def _step_outputs(rid: int, delta: _Delta) -> list[StepOutput]:
+    if delta.error is not None:
+        return [StepOutput(rid, error=delta.error)]
+    ids = delta.token_ids or [-1]
+    log_probs = delta.log_probs or [None]
+    outs = [StepOutput(rid, token_id=t, log_prob=lp, text="") for t, lp in zip(ids[:-1], log_probs, strict=False)]
+    outs.append(
+        StepOutput(rid, token_id=ids[-1], log_prob=log_probs[-1], text=delta.text, finish_reason=delta.finish_reason)
+    )
+    return outs
+
+
+def _as_list(value: Any) -> Sequence[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)

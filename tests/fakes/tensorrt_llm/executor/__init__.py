@@ -1,0 +1,5 @@
+"""Mirror of ``tensorrt_llm.executor``."""
+
+from tensorrt_llm.executor.result import CompletionOutput, GenerationResult, Logprob
+
+__all__ = ["CompletionOutput", "GenerationResult", "Logprob"]

@@ -1,0 +1,194 @@
+"""Mirror of ``tensorrt_llm.llmapi.LLM`` (TensorRT-LLM 0.17-1.x LLM API) over the toy model.
+
+``LLM(model, tokenizer=None, ..., tensor_parallel_size=1, dtype="auto", **kwargs)`` (unknown
+kwargs are rejected, as the real pydantic ``LlmArgs`` does); ``generate_async(inputs,
+sampling_params=None, ..., streaming=False)`` returns a ``RequestOutput`` at once and a
+background executor thread generates one token per iteration for every active request (in-flight
+batching). ``inputs`` is a str, a list of token ids, ``{"prompt": ...}`` or
+``{"prompt_token_ids": [...]}``. The end token is not part of ``token_ids``: an end-id finish
+arrives as a final response without new tokens.
+
+Fake-only knobs: ``iteration_s`` (seconds per engine iteration), ``submitted`` (inspection).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Optional, Union
+
+from tensorrt_llm._toy import ToyTokenizer, next_token, token_logprob
+from tensorrt_llm.executor.result import GenerationResult, Response
+from tensorrt_llm.sampling_params import SamplingParams
+
+_KNOWN_KWARGS = {
+    "max_batch_size",
+    "max_seq_len",
+    "max_num_tokens",
+    "max_input_len",
+    "max_beam_width",
+    "kv_cache_config",
+    "backend",
+    "enable_chunked_prefill",
+    "pipeline_parallel_size",
+    "build_config",
+    "scheduler_config",
+    "enable_prompt_adapter",
+    "enable_lora",
+    "max_lora_rank",
+    "max_loras",
+}
+
+
+class RequestOutput(GenerationResult):
+    """The output data of a completion request to the LLM (``tensorrt_llm.llmapi.RequestOutput``)."""
+
+
+class _Active:
+    """Executor-side state of one request."""
+
+    __slots__ = ("result", "params", "last", "tokens", "sent")
+
+    def __init__(self, result: RequestOutput, params: SamplingParams, last: int) -> None:
+        self.result, self.params, self.last = result, params, last
+        self.tokens: list[int] = []
+        self.sent = 0
+
+
+class LLM:
+    """Fake of the TensorRT-LLM ``LLM`` class; see the module docstring."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Any = None,
+        tokenizer_mode: str = "auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        revision: Optional[str] = None,
+        tokenizer_revision: Optional[str] = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = set(kwargs) - _KNOWN_KWARGS
+        if unknown:
+            raise ValueError(f"Unknown LLM arguments: {sorted(unknown)}")
+        self.args = SimpleNamespace(
+            model=model,
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            trust_remote_code=trust_remote_code,
+            max_batch_size=kwargs.get("max_batch_size", 2048),
+            max_seq_len=kwargs.get("max_seq_len", 2048),
+            **{k: v for k, v in kwargs.items() if k not in ("max_batch_size", "max_seq_len")},
+        )
+        self.tokenizer = None if skip_tokenizer_init else ToyTokenizer()
+        self.iteration_s = 0.001
+        self.submitted: dict[int, SamplingParams] = {}
+        self._ids = itertools.count(1)
+        self._active: dict[int, _Active] = {}
+        self._cancel: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fake-trtllm-executor", daemon=True)
+        self._thread.start()
+
+    def generate_async(
+        self,
+        inputs: Union[str, list[int], dict],
+        sampling_params: Optional[SamplingParams] = None,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
+        streaming: bool = False,
+        kv_cache_retention_config: Any = None,
+        disaggregated_params: Any = None,
+    ) -> RequestOutput:
+        """Submit one prompt; returns its (streaming) result at once."""
+        if self._stop.is_set():
+            raise RuntimeError("LLM is shut down")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params._setup(self.tokenizer)
+        prompt, ids = self._inputs(inputs)
+        if len(ids) + params.max_tokens > self.args.max_seq_len:
+            raise ValueError(
+                f"The sum of prompt length ({len(ids)}), query length (0) and max_tokens "
+                f"({params.max_tokens}) should not exceed max_seq_len ({self.args.max_seq_len})"
+            )
+        rid = next(self._ids)
+        result = RequestOutput(rid, prompt, ids, params, streaming, self.tokenizer, self._abort_request)
+        with self._lock:
+            self.submitted[rid] = params
+            self._active[rid] = _Active(result, params, ids[-1])
+        return result
+
+    def _inputs(self, inputs: Union[str, list[int], dict]) -> tuple[Optional[str], list[int]]:
+        if isinstance(inputs, dict):
+            inputs = inputs["prompt_token_ids"] if "prompt_token_ids" in inputs else inputs["prompt"]
+        if isinstance(inputs, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer")
+            return inputs, self.tokenizer.encode(inputs)
+        if isinstance(inputs, list) and all(isinstance(i, int) for i in inputs):
+            return None, list(inputs)
+        raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
+
+    def _abort_request(self, request_id: int) -> None:
+        with self._lock:
+            self._cancel.add(request_id)
+
+    def shutdown(self) -> None:
+        """Stop the executor thread."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # -- the executor loop ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                batch = list(self._active.items())
+                cancelled, self._cancel = self._cancel, set()
+            for rid, act in batch:
+                if rid in cancelled:
+                    act.result._deliver(Response([], [], is_final=True, finish="cancelled"))
+                    done = True
+                else:
+                    done = self._iterate(act)
+                if done:
+                    with self._lock:
+                        self._active.pop(rid, None)
+            time.sleep(self.iteration_s)
+
+    def _iterate(self, act: _Active) -> bool:
+        """One in-flight-batching iteration for one request; returns True when it finished."""
+        params = act.params
+        tok = next_token(act.last)
+        act.last = tok
+        past_min = len(act.tokens) + 1 >= (params.min_tokens or 1)
+        if tok == params.end_id and not params.ignore_eos and past_min:
+            self._send(act, is_final=True, finish="end_id")
+            return True
+        act.tokens.append(tok)
+        finish = None
+        words = params._get_stop_reasons_and_words()
+        if past_min and any(ids and act.tokens[-len(ids) :] == ids for _, ids in words):
+            finish = "stop_words"
+        elif len(act.tokens) >= params.max_tokens:
+            finish = "length"
+        if act.result._streaming or finish is not None:
+            self._send(act, is_final=finish is not None, finish=finish)
+        return finish is not None
+
+    @staticmethod
+    def _send(act: _Active, is_final: bool, finish: Optional[str]) -> None:
+        new = act.tokens[act.sent :]
+        act.sent = len(act.tokens)
+        act.result._deliver(Response(new, [token_logprob(t) for t in new], is_final=is_final, finish=finish))

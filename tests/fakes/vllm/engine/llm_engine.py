@@ -1,0 +1,205 @@
+"""Mirror of vLLM's synchronous ``LLMEngine`` (V1, ``vllm.v1.engine.llm_engine``), driven by the
+toy model in ``vllm._toy``.
+
+Behaviour copied from the real engine, because the adapter depends on it:
+
+- ``add_request(request_id, prompt, params, ...)`` accepts a string, ``{"prompt": str}`` or
+  ``{"prompt_token_ids": [...]}``; a prompt longer than ``max_model_len`` raises ``ValueError``.
+- ``step()`` returns one ``RequestOutput`` per request that produced tokens this step (requests
+  beyond ``max_num_seqs`` wait and get none). With ``RequestOutputKind.CUMULATIVE`` (default)
+  ``text``/``token_ids``/``logprobs`` hold everything so far; with ``DELTA`` only what is new.
+- Detokenized text of an unfinished request holds back ``output_text_buffer_length`` chars, so
+  a stop string is never streamed; on a stop-string match the text is cut (kept with
+  ``include_stop_str_in_output``), ``finish_reason="stop"`` and ``stop_reason`` is the string.
+  EOS gives ``"stop"`` with ``stop_reason=None``; a stop token id gives ``"stop"`` with the
+  int; ``max_tokens`` gives ``"length"``. EOS/stop tokens are ignored before ``min_tokens``.
+- ``logprobs``/``cumulative_logprob`` are ``None`` unless ``SamplingParams.logprobs`` is set.
+- ``abort_request(request_ids: list[str])`` drops requests; aborted requests get no output.
+
+Fake-only knobs (not in vLLM): ``tokens_per_step`` (speculative decoding: several tokens per
+request per step) and the inspection lists ``added``/``aborted``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from vllm._toy import EOS_ID, ToyTokenizer, next_token, token_logprob
+from vllm.engine.arg_utils import EngineArgs
+from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclass
+class ModelConfig:
+    """The part of vLLM's ModelConfig that callers read."""
+
+    model: str
+    max_model_len: int
+    dtype: str
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    prompt: Optional[str]
+    prompt_ids: list[int]
+    params: SamplingParams
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    text: str = ""
+    sent_text: int = 0
+    sent_tokens: int = 0
+    finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
+
+
+class LLMEngine:
+    """Fake of vLLM's ``LLMEngine``; see the module docstring."""
+
+    def __init__(self, engine_args: EngineArgs) -> None:
+        self.engine_args = engine_args
+        self.model_config = ModelConfig(engine_args.model, engine_args.max_model_len or 2048, engine_args.dtype)
+        self.tokenizer = ToyTokenizer()
+        self.max_num_seqs = engine_args.max_num_seqs or 256
+        self.tokens_per_step = 1
+        self._seqs: dict[str, _Seq] = {}
+        self.added: dict[str, SamplingParams] = {}
+        self.aborted: list[str] = []
+        self.steps = 0
+
+    @classmethod
+    def from_engine_args(
+        cls,
+        engine_args: EngineArgs,
+        usage_context: Any = None,
+        stat_loggers: Any = None,
+        enable_multiprocessing: bool = False,
+    ) -> LLMEngine:
+        return cls(engine_args)
+
+    def get_tokenizer(self) -> ToyTokenizer:
+        return self.tokenizer
+
+    def get_model_config(self) -> ModelConfig:
+        return self.model_config
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._seqs)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._seqs)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Any,
+        params: SamplingParams,
+        arrival_time: Optional[float] = None,
+        lora_request: Any = None,
+        tokenization_kwargs: Optional[dict] = None,
+        trace_headers: Any = None,
+        priority: int = 0,
+    ) -> None:
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        text, ids = self._prompt(prompt)
+        if not ids:
+            raise ValueError("The decoder prompt cannot be empty")
+        if len(ids) > self.model_config.max_model_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
+                f"of {self.model_config.max_model_len}."
+            )
+        self._seqs[request_id] = _Seq(request_id, text, ids, params)
+        self.added[request_id] = params
+
+    def _prompt(self, prompt: Any) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return None, list(prompt["prompt_token_ids"])
+        if isinstance(prompt, dict) and "prompt" in prompt:
+            return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise TypeError(f"unsupported prompt type {type(prompt).__name__}")
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        if isinstance(request_ids, str):  # V1 iterates the argument: a str would abort per char
+            raise TypeError("abort_request takes a list of request ids")
+        for rid in request_ids:
+            if self._seqs.pop(rid, None) is not None:
+                self.aborted.append(rid)
+
+    def step(self) -> list[RequestOutput]:
+        self.steps += 1
+        outputs = []
+        for seq in list(self._seqs.values())[: self.max_num_seqs]:
+            for _ in range(self.tokens_per_step):
+                self._advance(seq)
+                if seq.finish_reason is not None:
+                    break
+            outputs.append(self._output(seq))
+            if seq.finish_reason is not None:
+                del self._seqs[seq.request_id]
+        return outputs
+
+    def _advance(self, seq: _Seq) -> None:
+        params = seq.params
+        last = seq.token_ids[-1] if seq.token_ids else seq.prompt_ids[-1]
+        tok = next_token(last)
+        seq.token_ids.append(tok)
+        seq.logprobs.append({tok: Logprob(token_logprob(tok), 1, self.tokenizer.decode([tok], False))})
+        seq.text = self.tokenizer.decode(seq.token_ids, params.skip_special_tokens)
+        n = len(seq.token_ids)
+        if n > params.min_tokens:
+            if tok == EOS_ID and not params.ignore_eos:
+                seq.finish_reason = "stop"
+                return
+            if tok in params._all_stop_token_ids:
+                seq.finish_reason, seq.stop_reason = "stop", tok
+                return
+            if self._check_stop_strings(seq):
+                return
+        if params.max_tokens is not None and n >= params.max_tokens:
+            seq.finish_reason = "length"
+        elif len(seq.prompt_ids) + n >= self.model_config.max_model_len:
+            seq.finish_reason = "length"
+
+    @staticmethod
+    def _check_stop_strings(seq: _Seq) -> bool:
+        params = seq.params
+        for stop in params.stop or []:
+            idx = seq.text.find(stop)
+            if idx >= 0:
+                end = idx + len(stop) if params.include_stop_str_in_output else idx
+                seq.text = seq.text[:end]
+                seq.finish_reason, seq.stop_reason = "stop", stop
+                return True
+        return False
+
+    def _output(self, seq: _Seq) -> RequestOutput:
+        params = seq.params
+        finished = seq.finish_reason is not None
+        visible = seq.text if finished else seq.text[: max(0, len(seq.text) - params.output_text_buffer_length)]
+        want_lp = params.logprobs is not None
+        if params.output_kind == RequestOutputKind.DELTA:
+            text, ids = visible[seq.sent_text :], seq.token_ids[seq.sent_tokens :]
+            lps = seq.logprobs[seq.sent_tokens :]
+        else:
+            text, ids, lps = visible, list(seq.token_ids), list(seq.logprobs)
+        seq.sent_text, seq.sent_tokens = len(visible), len(seq.token_ids)
+        cum = sum(next(iter(d.values())).logprob for d in seq.logprobs) if want_lp else None
+        completion = CompletionOutput(
+            index=0,
+            text=text,
+            token_ids=ids,
+            cumulative_logprob=cum,
+            logprobs=lps if want_lp else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_ids, None, [completion], finished)
