@@ -196,6 +196,19 @@ class HFEngine:
         """True while any request is queued, being prefilled or running."""
         return bool(self._ids)
 
+    @property
+    def running_ids(self) -> tuple[int, ...]:
+        """Request ids in the running batch, in row order (released rows not yet compacted excluded)."""
+        rows = self._batch.rows if self._batch is not None else []
+        return tuple(r.request.request_id for r in rows if not r.done)
+
+    @property
+    def kv_shape(self) -> tuple[int, int]:
+        """(rows, padded length) of the running batch's KV cache; (0, 0) when empty."""
+        if self._batch is None:
+            return (0, 0)
+        return (int(self._batch.mask.shape[0]), int(self._batch.mask.shape[1]))
+
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
         """Dynamic-batch mode: ``model.generate()`` on left-padded batches.
 
