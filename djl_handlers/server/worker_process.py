@@ -171,11 +171,15 @@ class WorkerProcess:
         """Close the socket (the worker exits at end of stream) and make sure the process is gone."""
         self.ready = False
         if self._sock is not None:
-            try:
-                self._sock.close()
+            try:  # shutdown first: the makefile() reader would keep the descriptor open
+                self._sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            self._sock.close()
             self._sock = None
+        if self._reader is not None:
+            self._reader.close()  # type: ignore[attr-defined]
+            self._reader = None
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             try:
