@@ -1,0 +1,269 @@
+"""The vLLM adapter against the fake ``vllm`` package in tests/fakes (mirrors vLLM's V1 API)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from djl_handlers.config.models import ServingConfig
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.errors import InvalidParameter, PromptTooLong
+from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.params.translate import to_vllm
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+
+def _drop(prefix: str) -> None:
+    for name in [n for n in sys.modules if n == prefix or n.startswith(prefix + ".")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
+    _drop("vllm")
+    monkeypatch.syspath_prepend(str(FAKES))
+    import vllm
+
+    assert getattr(vllm, "IS_FAKE", False), vllm.__file__
+    yield vllm
+    _drop("vllm")
+
+
+def make_engine(options: dict[str, str] | None = None, engine: str = "vllm") -> Any:
+    from djl_handlers.engines.vllm_engine import LmiDistEngine, VllmEngine
+
+    config = ServingConfig.from_properties({"model_id": "toy", **(options or {})}, engine=engine)
+    cls = LmiDistEngine if engine == "lmi-dist" else VllmEngine
+    return cls.from_config(config)
+
+
+def params(**kwargs: Any) -> GenerationParameters:
+    return GenerationParameters.from_dict(kwargs, engine="vllm")
+
+
+def add(engine: Any, rid: int, prompt: str, **kwargs: Any) -> None:
+    engine.add_request(EngineRequest(rid, engine.tokenizer.encode(prompt), params(**kwargs), prompt))
+
+
+def run(engine: Any, max_steps: int = 100) -> dict[int, list[StepOutput]]:
+    """Step until nothing is unfinished; outputs grouped per request."""
+    per: dict[int, list[StepOutput]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            per.setdefault(out.request_id, []).append(out)
+    return per
+
+
+def text_of(outs: list[StepOutput]) -> str:
+    return "".join(o.text or "" for o in outs)
+
+
+def test_deltas_concatenate_to_the_text_and_stop_at_length(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 1, "Deep", max_new_tokens=5)
+    outs = run(engine)[1]
+    assert [o.token_id for o in outs] == [2, 3, 4, 5, 6]
+    assert [o.text for o in outs] == [" learning", " is", " a", " really", " cool"]
+    assert [o.finish_reason for o in outs] == [None, None, None, None, "length"]
+    # to_vllm asks for logprobs=1, so every token carries its own log-prob
+    assert [o.log_prob for o in outs] == pytest.approx([-0.25, -0.35, -0.45, -0.55, -0.65])
+    assert not engine.has_unfinished()
+
+
+def test_eos_finishes_with_eos_token(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 1, "many")
+    outs = run(engine)[1]
+    assert [o.token_id for o in outs] == [19, 0]
+    assert text_of(outs) == " people"
+    assert outs[-1].finish_reason == "eos_token"
+    assert 0 in engine.eos_token_ids
+
+
+def test_stop_string_is_stop_sequence_and_never_streamed(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 1, "Deep", stop_sequences=["really cool"])
+    outs = run(engine)[1]
+    assert outs[-1].finish_reason == "stop_sequence"
+    assert text_of(outs) == " learning is a "
+    assert all("really" not in (o.text or "") for o in outs)
+
+
+def test_stop_token_id_is_eos_token(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 1, "Deep", stop_token_ids=[4])
+    outs = run(engine)[1]
+    assert outs[-1].token_id == 4
+    assert outs[-1].finish_reason == "eos_token"
+
+
+def test_ignore_eos_token_runs_to_length(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 1, "many", max_new_tokens=4, ignore_eos_token=True)
+    outs = run(engine)[1]
+    assert [o.token_id for o in outs] == [19, 0, 1, 2]
+    assert outs[-1].finish_reason == "length"
+
+
+def test_release_of_a_running_request_aborts_it(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 7, "Deep", max_new_tokens=20)
+    add(engine, 8, "Deep", max_new_tokens=20)
+    assert {o.request_id for o in engine.step()} == {7, 8}
+    engine.release(7)
+    assert engine.engine.aborted == ["7"]
+    assert {o.request_id for o in engine.step()} == {8}
+    assert engine.has_unfinished()
+
+
+def test_release_after_finish_does_not_abort(fake_vllm: Any) -> None:
+    engine = make_engine()
+    add(engine, 1, "many")
+    run(engine)
+    engine.release(1)
+    assert engine.engine.aborted == []
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_parameters_reach_sampling_params(fake_vllm: Any, do_sample: bool) -> None:
+    engine = make_engine()
+    p = params(
+        do_sample=do_sample,
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        seed=3,
+        max_new_tokens=7,
+        stop_sequences=["x y"],
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        repetition_penalty=1.1,
+        min_p=0.05,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+    )
+    engine.add_request(EngineRequest(1, [1], p, "Deep"))
+    sp = engine.engine.added["1"]
+    expected = fake_vllm.SamplingParams(**to_vllm(p))
+    assert sp == expected
+    assert (sp.max_tokens, sp.seed, sp.stop) == (7, 3, ["x y"])
+    assert (sp.presence_penalty, sp.frequency_penalty, sp.include_stop_str_in_output) == (0.5, 0.25, True)
+    # greedy is temperature 0 (vLLM then resets top_p/top_k itself)
+    assert (sp.temperature, sp.top_p, sp.top_k) == ((0.7, 0.9, 5) if do_sample else (0.0, 1.0, 0))
+    assert sp.logprobs == 1
+
+
+def test_prompt_is_sent_as_token_ids(fake_vllm: Any) -> None:
+    engine = make_engine()
+    engine.add_request(EngineRequest(1, [18], params(), "ignored text"))
+    outs = run(engine)[1]
+    assert [o.token_id for o in outs] == [19, 0]  # continues from id 18, not from the text
+
+
+def test_several_tokens_in_one_step_become_one_output_each(fake_vllm: Any) -> None:
+    engine = make_engine()
+    engine.engine.tokens_per_step = 3
+    add(engine, 1, "Deep", max_new_tokens=6)
+    first = engine.step()
+    assert [o.token_id for o in first] == [2, 3, 4]
+    assert [o.text for o in first] == ["", "", " learning is a"]
+    assert [o.log_prob for o in first] == pytest.approx([-0.25, -0.35, -0.45])
+    second = engine.step()
+    assert [o.token_id for o in second] == [5, 6, 7]
+    assert second[-1].finish_reason == "length" and second[-1].text == " really cool field"
+
+
+def test_requests_vllm_did_not_schedule_get_no_output(fake_vllm: Any) -> None:
+    engine = make_engine({"max_rolling_batch_size": "1"})
+    add(engine, 1, "many")
+    add(engine, 2, "Deep", max_new_tokens=2)
+    assert [o.request_id for o in engine.step()] == [1]
+    per = run(engine)
+    assert [o.token_id for o in per[2]] == [2, 3]
+
+
+def test_prompt_longer_than_the_model_is_rejected(fake_vllm: Any) -> None:
+    engine = make_engine({"max_model_len": "3"})
+    assert engine.max_model_len == 3
+    with pytest.raises(PromptTooLong, match="maximum model length"):
+        add(engine, 1, "a b c d e")
+
+
+def test_invalid_value_for_vllm_is_invalid_parameter(fake_vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    translate = importlib.import_module("djl_handlers.params.translate")
+    monkeypatch.setattr(translate, "to_vllm", lambda p: {"top_p": 0.0})
+    engine = make_engine()
+    with pytest.raises(InvalidParameter, match="top_p"):
+        add(engine, 1, "Deep")
+    assert not engine.has_unfinished()
+
+
+def test_key_unknown_to_the_installed_vllm(fake_vllm: Any) -> None:
+    from djl_handlers.engines.vllm_engine import fit_kwargs
+
+    assert fit_kwargs(fake_vllm.SamplingParams, {"best_of": None, "n": 1}, "vllm") == {"n": 1}
+    with pytest.raises(InvalidParameter, match="best_of=2 is not supported by the installed vllm") as info:
+        fit_kwargs(fake_vllm.SamplingParams, {"best_of": 2}, "vllm")
+    assert info.value.field == "best_of"
+
+
+def test_abort_by_the_engine_is_an_error(fake_vllm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = make_engine()
+    add(engine, 1, "Deep")
+    done = fake_vllm.CompletionOutput(0, " learning", [2], None, None, finish_reason="abort")
+    monkeypatch.setattr(engine.engine, "step", lambda: [fake_vllm.RequestOutput("1", None, [1], None, [done], True)])
+    outs = engine.step()
+    assert len(outs) == 1 and outs[0].error is not None and "abort" in outs[0].error
+    assert not engine.has_unfinished()
+
+
+@pytest.mark.parametrize(
+    ("reason", "stop_reason", "expected"),
+    [
+        ("length", None, "length"),
+        ("stop", None, "eos_token"),
+        ("stop", 42, "eos_token"),
+        ("stop", "###", "stop_sequence"),
+        ("abort", None, "abort"),
+        (None, None, None),
+    ],
+)
+def test_finish_reason_table(reason: Any, stop_reason: Any, expected: Any) -> None:
+    from djl_handlers.engines.vllm_engine import map_finish_reason
+
+    assert map_finish_reason(reason, stop_reason) == expected
+
+
+def test_engine_args_from_config(fake_vllm: Any) -> None:
+    engine = make_engine(
+        {
+            "dtype": "bf16",
+            "max_rolling_batch_size": "8",
+            "max_model_len": "1024",
+            "enforce_eager": "true",
+            "gpu_memory_utilization": "0.5",
+            "max_rolling_batch_prefill_tokens": "2048",
+            "trust_remote_code": "true",
+        }
+    )
+    args = engine.engine.engine_args
+    assert (args.model, args.dtype, args.max_num_seqs, args.max_model_len) == ("toy", "bfloat16", 8, 1024)
+    assert (args.enforce_eager, args.gpu_memory_utilization, args.max_num_batched_tokens) == (True, 0.5, 2048)
+    assert args.trust_remote_code is True and args.tensor_parallel_size == 1
+
+
+def test_lmi_dist_is_served_by_vllm_and_says_so(fake_vllm: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="djl_handlers.engines.vllm_engine"):
+        engine = make_engine(engine="lmi-dist")
+    assert "option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is not installed)" in caplog.text
+    assert "vLLM" in engine.name
+    add(engine, 1, "many")
+    assert run(engine)[1][-1].finish_reason == "eos_token"
