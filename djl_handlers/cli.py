@@ -102,25 +102,25 @@ def _in_model_dir(model_dir: str) -> Iterator[None]:
         os.chdir(previous)
 
 
+_ENGINES = {
+    "djl_handlers.huggingface": "huggingface",
+    "djl_handlers.deepspeed": "deepspeed",
+    "djl_handlers.tensorrt_llm": "tensorrt_llm",
+    "djl_handlers.vllm": "vllm",
+}
+
+
 def _serving_config(settings: Any) -> dict[str, Any] | None:
-    """Build the typed configuration when the config layer offers it (``None`` if not available)."""
-    try:
-        from djl_handlers.config import models
-    except ImportError:
-        return None
-    builder = getattr(models, "build_serving_config", None) or getattr(models, "load_serving_config", None)
-    if builder is None:
-        return None
-    from djl_handlers.config.properties import load_model_properties
+    """The validated ``ServingConfig`` of one of our entry points (``None`` for a custom model.py)."""
+    import dataclasses
 
-    config = builder(load_model_properties(settings.model_dir))
-    if hasattr(config, "model_dump"):
-        return dict(config.model_dump(mode="json"))
-    if hasattr(config, "__dataclass_fields__"):
-        import dataclasses
+    from djl_handlers.config.models import ServingConfig
 
-        return json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    return {"repr": repr(config)}
+    engine = _ENGINES.get(settings.entry_point)
+    if engine is None:
+        return None
+    config = ServingConfig.from_properties(settings.options, settings.server, engine)
+    return dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
 
 
 def _check(model_dir: str) -> int:

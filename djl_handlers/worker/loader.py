@@ -40,7 +40,8 @@ def load_entry_point(entry_point: str, model_dir: str | os.PathLike[str]) -> Mod
     """Import ``entry_point`` as DJL's ``service_loader`` does.
 
     An absolute path to a ``.py`` file is loaded as module ``model``; a relative ``name.py`` must
-    exist in the model directory and is imported as ``name``; anything else is a dotted module name.
+    exist in the model directory and is imported as ``name`` from that file (replacing a cached
+    module of the same name, e.g. another directory's ``model``); anything else is a dotted module.
     The model directory is put first on ``sys.path``.
     """
     model_path = Path(model_dir).resolve()
@@ -52,7 +53,7 @@ def load_entry_point(entry_point: str, model_dir: str | os.PathLike[str]) -> Mod
         target = model_path / entry_point
         if not target.is_file():
             raise FileNotFoundError(f"entry point {entry_point!r} not found in {model_path}")
-        return importlib.import_module(entry_point[: -len(".py")].replace("/", "."))
+        return _load_file(target, entry_point[: -len(".py")].replace("/", "."))
     return importlib.import_module(entry_point)
 
 
