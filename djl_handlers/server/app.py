@@ -81,9 +81,10 @@ async def to_worker_request(request: Request) -> WorkerRequest:
     """Map an HTTP request to DJL's ``Input`` shape; :class:`RequestRejected` for front-end errors."""
     properties = _properties(request)
     body = await _body(request)
-    content: list[tuple[str | None, bytes]] = [("data", body)]
-    for key, value in request.query_params.multi_items():
-        content.append((key, value.encode("utf-8")))
+    content: list[tuple[str | None, bytes]] = [
+        (key, value.encode("utf-8")) for key, value in request.query_params.multi_items()
+    ]
+    content.append(("data", body))  # DJL adds query parameters first, then the body
     return WorkerRequest(properties, content)
 
 

@@ -109,8 +109,8 @@ def batch_frame(requests: list[WorkerRequest], handler: str) -> Frame:
     content: Content = []
     for index, request in enumerate(requests):
         prefix = _prefix(index)
-        for key, value in request.properties.items():
-            properties[prefix + key] = value
+        for name, value in request.properties.items():
+            properties[prefix + name] = value
         for key, blob in request.content:
             content.append((prefix + (key or "data"), blob))
     properties["batch_size"] = str(len(requests))
@@ -192,10 +192,14 @@ class Record:
     tokens: int = 1
 
     def error_body(self) -> bytes:
-        """DJL's compact ``{"code":..,"error":..}`` chunk for a record carrying ``code``."""
-        body: dict[str, Any] = {"code": self.code}
+        """DJL's compact chunk for a record carrying ``code``: ``{"error":..,"code":..}``.
+
+        Key order as DJL serialises its map (``error`` first, observed with DJL 0.34).
+        """
+        body: dict[str, Any] = {}
         if self.error is not None:
             body["error"] = self.error
+        body["code"] = self.code
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 

@@ -83,12 +83,15 @@ class ResponseSink:
         self.finish()
 
     def fail(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        """Finish with an error: as the status and body if nothing was sent yet, else a final chunk."""
+        """Finish with an error: as the status and body if nothing was sent yet, else a final chunk.
+
+        ``headers`` are used as given (DJL keeps a rolling request's own Content-Type); without
+        them the error is ``application/json``.
+        """
         if self.done:
             return
         if not self.started:
-            kept = {k: v for k, v in (headers or {}).items() if k.lower() != "content-type"}
-            self.respond(code, {**kept, "content-type": "application/json"}, body)
+            self.respond(code, headers if headers is not None else {"content-type": "application/json"}, body)
             return
         self.write(body)
         self.finish()
