@@ -27,6 +27,7 @@ reason at all (old releases) → v0.27's rule (``eos_token`` when fewer than
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Sequence
@@ -42,6 +43,8 @@ from djl_handlers.engines.vllm_engine import (
     token_logprob,
 )
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong, message_of
+
+LOG = logging.getLogger(__name__)
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "auto"}
 
@@ -105,6 +108,8 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
         return kwargs
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = int(opts.max_num_tokens)
+    if opts.max_output_len:
+        LOG.warning("option.max_output_len=%s is an engine-build setting the LLM API does not use", opts.max_output_len)
     kv = getattr(llmapi, "KvCacheConfig", None)
     if kv is not None:
         kwargs["kv_cache_config"] = kv(
