@@ -1,0 +1,277 @@
+"""The sdist and wheel: what they hold, and that the installed wheel works outside the checkout.
+
+Builds offline from a copy of the working tree (``python -m build --no-isolation`` when the
+``build`` package is installed, else setuptools' PEP 517 hooks called directly, sdist first and
+the wheel from the unpacked sdist, as ``build`` does). The wheel is installed into a throwaway
+venv (``venv --without-pip``, ``pip --python``) that then borrows the main venv's third-party
+packages through a ``.pth`` line, written only after the install so that pip never sees the
+checkout's editable install. The ``djl-handlers`` console script then runs from a directory
+outside the repository. Marked ``slow`` (about 10-20 s on two cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest_models import embedded_dir, tiny_dir  # noqa: F401
+
+from djl_handlers.__about__ import __version__
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = "djl_handlers"
+CLI = REPO / PACKAGE / "cli.py"
+DEFAULT_EXAMPLE = "hf-rolling-batch"
+TIMEOUT = 300
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """The copied source tree and the two built distributions."""
+
+    source: Path
+    wheel: Path
+    sdist: Path
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, f"{cmd} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def _copy_tree(dest: Path) -> Path:
+    """Every file git would see (tracked or untracked-but-not-ignored), copied to ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO, capture_output=True, check=True, timeout=60).stdout
+    for name in filter(None, listed.decode("utf-8").split("\0")):
+        src = REPO / name
+        if src.is_file() and not src.is_symlink():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def _pep517(source: Path, out: Path) -> None:
+    """sdist from ``source``, then the wheel from the unpacked sdist, with setuptools' hooks."""
+    hook = "import sys; from setuptools import build_meta as b; print(getattr(b, sys.argv[1])(sys.argv[2]))"
+    name = _run([sys.executable, "-c", hook, "build_sdist", str(out)], cwd=source).stdout.strip().splitlines()[-1]
+    unpacked = out.parent / "sdist-unpacked"
+    with tarfile.open(out / name) as tar:
+        tar.extractall(unpacked, filter="data")
+    (root,) = unpacked.iterdir()
+    _run([sys.executable, "-c", hook, "build_wheel", str(out)], cwd=root)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
+    base = tmp_path_factory.mktemp("packaging")
+    source = _copy_tree(base / "src")
+    out = base / "dist"
+    out.mkdir()
+    if importlib.util.find_spec("build") is not None:
+        _run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(out), "."],
+             cwd=source)
+    else:
+        _pep517(source, out)
+    (wheel,) = out.glob("*.whl")
+    (sdist,) = out.glob("*.tar.gz")
+    return Artifacts(source, wheel, sdist)
+
+
+@pytest.fixture(scope="module")
+def wheel_names(artifacts: Artifacts) -> set[str]:
+    with zipfile.ZipFile(artifacts.wheel) as zf:
+        return set(zf.namelist())
+
+
+def _dist_info(artifacts: Artifacts, wheel_names: set[str], name: str) -> str:
+    (path,) = [n for n in wheel_names if re.fullmatch(rf"{PACKAGE}-[^/]+\.dist-info/{name}", n)]
+    with zipfile.ZipFile(artifacts.wheel) as zf:
+        return zf.read(path).decode("utf-8")
+
+
+def test_file_names_carry_the_version(artifacts: Artifacts) -> None:
+    assert artifacts.wheel.name == f"{PACKAGE}-{__version__}-py3-none-any.whl"
+    assert artifacts.sdist.name == f"{PACKAGE}-{__version__}.tar.gz"
+
+
+def test_wheel_holds_every_module_and_py_typed(artifacts: Artifacts, wheel_names: set[str]) -> None:
+    source = artifacts.source / PACKAGE
+    expected = {p.relative_to(artifacts.source).as_posix() for p in source.rglob("*.py")
+                if "__pycache__" not in p.parts}
+    shipped = {n for n in wheel_names if n.endswith(".py")}
+    assert expected - shipped == set(), "modules missing from the wheel (a subpackage without __init__.py?)"
+    assert f"{PACKAGE}/py.typed" in wheel_names
+    for handler in ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "cli"):
+        assert f"{PACKAGE}/{handler}.py" in wheel_names
+
+
+def test_wheel_holds_nothing_else(wheel_names: set[str]) -> None:
+    tops = {n.split("/", 1)[0] for n in wheel_names}
+    assert tops == {PACKAGE, f"{PACKAGE}-{__version__}.dist-info"}, "only the package and its metadata"
+    assert not any(n.startswith(("tests/", "djl_python/")) or "/tests/" in n for n in wheel_names)
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in wheel_names)
+
+
+def test_wheel_metadata(artifacts: Artifacts, wheel_names: set[str]) -> None:
+    metadata = _dist_info(artifacts, wheel_names, "METADATA")
+    extras = set(re.findall(r"^Provides-Extra: (\S+)$", metadata, re.M))
+    assert {"hf", "deepspeed", "vllm", "trtllm", "server", "test"} <= extras
+    requires = re.findall(r"^Requires-Dist: (.+)$", metadata, re.M)
+    assert requires and all("extra ==" in r for r in requires), "the core install pulls in no ML library"
+    assert re.search(r"^Requires-Python: >=3\.10$", metadata, re.M)
+    entry_points = _dist_info(artifacts, wheel_names, "entry_points.txt")
+    assert re.search(r"^djl-handlers = djl_handlers\.cli:main$", entry_points, re.M)
+
+
+def test_sdist_rebuilds_the_package(artifacts: Artifacts) -> None:
+    with tarfile.open(artifacts.sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"setup.py", "pyproject.toml", "README.md", f"{PACKAGE}/__init__.py", f"{PACKAGE}/py.typed"} <= names
+    assert not any(n.startswith("djl_python/") for n in names)
+
+
+def _examples_packaged(source: Path) -> bool:
+    setup = (source / "setup.py").read_text(encoding="utf-8")
+    return (source / PACKAGE / "examples").is_dir() or "serving.properties.examples" in setup
+
+
+def test_wheel_ships_the_default_example(artifacts: Artifacts, wheel_names: set[str]) -> None:
+    """``djl-handlers serve`` without MODEL_DIR needs ``djl_handlers/examples/hf-rolling-batch``."""
+    if not _examples_packaged(artifacts.source):
+        pytest.skip("setup.py does not package serving.properties.examples/ yet (lead: see docs/deployment.md)")
+    shipped = f"{PACKAGE}/examples/{DEFAULT_EXAMPLE}/serving.properties"
+    assert shipped in wheel_names
+    with zipfile.ZipFile(artifacts.wheel) as zf:
+        packaged = zf.read(shipped).decode("utf-8")
+    repo_copy = REPO / "serving.properties.examples" / DEFAULT_EXAMPLE / "serving.properties"
+    assert packaged == repo_copy.read_text(encoding="utf-8"), "the packaged example drifted from the repo's"
+
+
+@dataclass(frozen=True)
+class Venv:
+    """A throwaway venv with the wheel installed and the main venv's site-packages borrowed."""
+
+    python: Path
+    script: Path
+    site: Path
+    workdir: Path
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def venv(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    base = tmp_path_factory.mktemp("venv")
+    root = base / "env"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(root)], cwd=base)
+    python = root / "bin" / "python"
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+          "--disable-pip-version-check", "-q", str(artifacts.wheel)], cwd=base)
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     cwd=base).stdout.strip())
+    # Added after the install: pip must not see (let alone touch) the checkout's editable install.
+    (site / "_borrow_main_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="2", PATH=f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    workdir = base / "elsewhere"
+    workdir.mkdir()
+    return Venv(python, root / "bin" / "djl-handlers", site, workdir, env)
+
+
+def _in_venv(venv: Venv, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(args), cwd=venv.workdir, env=venv.env, capture_output=True, text=True,
+                            timeout=TIMEOUT)
+    if check:
+        assert result.returncode == 0, f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_installed_package_is_the_wheel_and_imports_lightly(venv: Venv) -> None:
+    code = (
+        "import sys, djl_handlers, djl_handlers.huggingface, djl_handlers.vllm, djl_handlers.tensorrt_llm, "
+        "djl_handlers.deepspeed, djl_handlers.config, djl_handlers.formatting; "
+        "print(djl_handlers.__file__); "
+        "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'tensorrt_llm') if m in sys.modules))"
+    )
+    where, heavy = _in_venv(venv, str(venv.python), "-c", code).stdout.strip().splitlines()
+    assert Path(where).is_relative_to(venv.site), f"imported {where}, not the installed wheel"
+    assert heavy == "[]", "importing the handlers must not import an ML library"
+    assert not REPO.joinpath(".").samefile(venv.workdir)
+
+
+def _cli_or_skip(venv: Venv) -> None:
+    if not CLI.is_file():
+        pytest.skip("djl_handlers/cli.py does not exist yet")
+    assert venv.script.is_file(), "the wheel did not install the djl-handlers console script"
+
+
+def test_cli_check_outside_the_repo(venv: Venv, tmp_path: Path) -> None:
+    _cli_or_skip(venv)
+    example = shutil.copytree(REPO / "serving.properties.examples" / "openai-tgi", tmp_path / "openai-tgi")
+    result = _in_venv(venv, str(venv.script), "check", str(example))
+    report = json.loads(result.stdout)
+    assert report["servingConfig"]["engine"] == "huggingface"
+    assert report["servingConfig"]["tgi_compat"] is True
+
+
+def test_cli_check_rejects_a_bad_value(venv: Venv, tmp_path: Path) -> None:
+    _cli_or_skip(venv)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "serving.properties").write_text(
+        "engine=Python\noption.entryPoint=djl_handlers.huggingface\noption.model_id=/nowhere\noption.dtype=fp64\n",
+        encoding="utf-8",
+    )
+    result = _in_venv(venv, str(venv.script), "check", str(bad), check=False)
+    assert result.returncode == 1 and "dtype" in result.stderr, result.stderr
+
+
+def test_cli_default_model_dir_exists_when_installed(venv: Venv, artifacts: Artifacts) -> None:
+    _cli_or_skip(venv)
+    if not _examples_packaged(artifacts.source):
+        pytest.skip("setup.py does not package serving.properties.examples/ yet (lead: see docs/deployment.md)")
+    code = "from djl_handlers.cli import default_model_dir; print(default_model_dir())"
+    path = Path(_in_venv(venv, str(venv.python), "-c", code).stdout.strip())
+    assert path.is_relative_to(venv.site) and (path / "serving.properties").is_file()
+
+
+def test_cli_generate_on_a_tiny_model(venv: Venv, tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
+    _cli_or_skip(venv)
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "serving.properties").write_text(
+        "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
+        f"option.model_id={tiny_dir}\noption.rolling_batch=auto\noption.dtype=fp32\n",
+        encoding="utf-8",
+    )
+    body = json.dumps({"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4, "details": True}})
+    result = _in_venv(venv, str(venv.script), "generate", str(model), body)
+    answer = json.loads(result.stdout)
+    assert isinstance(answer["generated_text"], str)
+    assert answer["details"]["generated_tokens"] == 4 and answer["details"]["finish_reason"] == "length"
+
+
+def test_build_script_builds_the_wheel(artifacts: Artifacts, tmp_path: Path) -> None:
+    """docker/build.sh's own wheel step (pip wheel, or build) on the copied tree, with a fake docker."""
+    fake = tmp_path / "docker"
+    fake.write_text("#!/bin/sh\nexit 0\n", encoding="utf-8")
+    fake.chmod(0o755)
+    env = {**os.environ, "DOCKER": str(fake), "PYTHON": sys.executable, "PIP_NO_INDEX": "1"}
+    result = _run(["bash", "docker/build.sh", "--tag", "t"], cwd=artifacts.source, env=env)
+    wheels = list((artifacts.source / "dist").glob("djl_handlers-*.whl"))
+    assert [w.name for w in wheels] == [artifacts.wheel.name], result.stdout
