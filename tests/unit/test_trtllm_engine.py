@@ -257,3 +257,30 @@ def test_finish_reason_table(reason: Any, stop_reason: Any, generated: int, expe
     from djl_handlers.engines.trtllm_engine import map_finish_reason
 
     assert map_finish_reason(reason, stop_reason, generated, 5) == expected
+
+
+def test_through_the_rolling_batch(engine: Any) -> None:
+    import json
+
+    from djl_handlers.formatting import get_formatter
+    from djl_handlers.request.records import Request
+    from djl_handlers.scheduling.rolling import RollingBatch
+
+    batch = RollingBatch(engine, lambda r: get_formatter("json", stream=False))
+    batch.add_request(Request(prompt="Deep", params=params(stop_sequences=["cool"], details=True), inputs="Deep"))
+    batch.add_request(Request(prompt="many", params=params(details=True), inputs="many"))
+    records = {0: "", 1: ""}
+    live = [0, 1]
+    deadline = time.monotonic() + 10
+    while live:
+        assert time.monotonic() < deadline
+        for index, (record, _) in zip(list(live), batch.step(), strict=True):
+            records[index] += record["data"]
+            if record["last"]:
+                live.remove(index)
+    first, second = json.loads(records[0]), json.loads(records[1])
+    assert first["generated_text"] == " learning is a really"
+    assert first["details"]["finish_reason"] == "stop_sequence"
+    assert second["generated_text"] == " people"
+    assert second["details"]["finish_reason"] == "eos_token"
+    assert not engine.has_unfinished()

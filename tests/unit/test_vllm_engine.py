@@ -267,3 +267,34 @@ def test_lmi_dist_is_served_by_vllm_and_says_so(fake_vllm: Any, caplog: pytest.L
     assert "vLLM" in engine.name
     add(engine, 1, "many")
     assert run(engine)[1][-1].finish_reason == "eos_token"
+
+
+def test_through_the_rolling_batch(fake_vllm: Any) -> None:
+    import json
+
+    from djl_handlers.formatting import get_formatter
+    from djl_handlers.request.records import Request
+    from djl_handlers.scheduling.rolling import RollingBatch
+
+    engine = make_engine()
+    batch = RollingBatch(engine, lambda r: get_formatter("json", stream=False))
+    p = GenerationParameters.from_dict({"stop_sequences": ["cool"], "details": True}, engine="vllm")
+    batch.add_request(Request(prompt="Deep", params=p, inputs="Deep"))
+    batch.add_request(Request(prompt="many", params=params(details=True), inputs="many"))
+    records: dict[int, str] = {0: "", 1: ""}
+    live = [0, 1]
+    for _ in range(50):
+        if not live:
+            break
+        results = batch.step()
+        for index, (record, _) in zip(list(live), results, strict=True):
+            records[index] += record["data"]
+            if record["last"]:
+                live.remove(index)
+    first, second = json.loads(records[0]), json.loads(records[1])
+    assert first["generated_text"] == " learning is a really "
+    assert first["details"]["finish_reason"] == "stop_sequence"
+    assert first["details"]["generated_tokens"] == 5
+    assert second["generated_text"] == " people"
+    assert second["details"]["finish_reason"] == "eos_token"
+    assert not engine.has_unfinished() and engine.engine.aborted == []
