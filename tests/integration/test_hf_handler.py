@@ -46,7 +46,7 @@ def reference(model_dir: str) -> Any:
         ids = tok(prompt, return_tensors="pt")
         with torch.inference_mode():
             out = model.generate(**ids, max_new_tokens=n, do_sample=False)
-        return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        return tok.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
     return generate
 
@@ -59,8 +59,9 @@ def _init(options: dict[str, str]) -> Any:
 
 def test_seed_json_shape_with_details(rolling: InferenceService) -> None:
     driver = RollingBatchDriver(rolling.handle)
-    req = driver.submit(json_request({"inputs": "What is Deep Learning?",
-                                      "parameters": {"max_new_tokens": 6, "details": True}}))
+    req = driver.submit(
+        json_request({"inputs": "What is Deep Learning?", "parameters": {"max_new_tokens": 6, "details": True}})
+    )
     driver.run()
     body = json.loads(req.text)
     assert list(body) == ["generated_text", "details"]
@@ -76,8 +77,11 @@ def test_seed_json_shape_with_details(rolling: InferenceService) -> None:
 
 def test_seed_jsonlines_shape(rolling: InferenceService) -> None:
     driver = RollingBatchDriver(rolling.handle)
-    req = driver.submit(json_request({"inputs": "What is Deep Learning?", "stream": True,
-                                      "parameters": {"max_new_tokens": 5, "details": True}}))
+    req = driver.submit(
+        json_request(
+            {"inputs": "What is Deep Learning?", "stream": True, "parameters": {"max_new_tokens": 5, "details": True}}
+        )
+    )
     driver.run()
     lines = [json.loads(x) for x in req.text.splitlines()]
     assert 1 <= len(lines) <= 5
@@ -132,8 +136,11 @@ def test_stop_sequence_spanning_two_tokens(rolling: InferenceService) -> None:
                 break
     assert stop is not None, f"no two-token boundary to test in {tokens}"
     driver = RollingBatchDriver(rolling.handle)
-    req = driver.submit(json_request({"inputs": PROMPTS[2],
-                                      "parameters": {"max_new_tokens": 12, "stop_sequences": [stop], "details": True}}))
+    req = driver.submit(
+        json_request(
+            {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 12, "stop_sequences": [stop], "details": True}}
+        )
+    )
     driver.run()
     stopped = json.loads(req.text)
     assert stopped["details"]["finish_reason"] == "stop_sequence"
