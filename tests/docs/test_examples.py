@@ -89,7 +89,7 @@ def _check_lmi_dist(entry: str, c: ServingConfig) -> None:
     # LMI-Dist's parameter set, served by vLLM (the design's "say which engine serves it").
     assert (c.params_engine, c.serving_engine) == ("lmi-dist", "vllm")
     assert c.model_id == "/opt/ml/model" and c.max_rolling_batch_size == 64
-    assert c.tensor_parallel_degree == 1, "'max' means 1 on a CPU-only config (no device set)"
+    assert c.tensor_parallel_degree in (1, -1), "'max': all GPUs (-1), or 1 when the device is the CPU"
 
 
 def _check_trtllm(entry: str, c: ServingConfig) -> None:
