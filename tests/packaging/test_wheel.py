@@ -36,6 +36,8 @@ PACKAGE = "djl_handlers"
 CLI = REPO / PACKAGE / "cli.py"
 DEFAULT_EXAMPLE = "hf-rolling-batch"
 TIMEOUT = 300
+SKIP_EXAMPLES = ("setup.py does not yet copy serving.properties.examples/ into the package as "
+                 "djl_handlers/examples/ (a build_py hook plus MANIFEST.in graft)")
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ def _examples_packaged(source: Path) -> bool:
 def test_wheel_ships_the_default_example(artifacts: Artifacts, wheel_names: set[str]) -> None:
     """``djl-handlers serve`` without MODEL_DIR needs ``djl_handlers/examples/hf-rolling-batch``."""
     if not _examples_packaged(artifacts.source):
-        pytest.skip("setup.py does not package serving.properties.examples/ yet (lead: see docs/deployment.md)")
+        pytest.skip(SKIP_EXAMPLES)
     shipped = f"{PACKAGE}/examples/{DEFAULT_EXAMPLE}/serving.properties"
     assert shipped in wheel_names
     with zipfile.ZipFile(artifacts.wheel) as zf:
@@ -244,7 +246,7 @@ def test_cli_check_rejects_a_bad_value(venv: Venv, tmp_path: Path) -> None:
 def test_cli_default_model_dir_exists_when_installed(venv: Venv, artifacts: Artifacts) -> None:
     _cli_or_skip(venv)
     if not _examples_packaged(artifacts.source):
-        pytest.skip("setup.py does not package serving.properties.examples/ yet (lead: see docs/deployment.md)")
+        pytest.skip(SKIP_EXAMPLES)
     code = "from djl_handlers.cli import default_model_dir; print(default_model_dir())"
     path = Path(_in_venv(venv, str(venv.python), "-c", code).stdout.strip())
     assert path.is_relative_to(venv.site) and (path / "serving.properties").is_file()
