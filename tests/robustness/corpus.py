@@ -62,7 +62,8 @@ class Case:
 
     def bug_in(self, mode: str) -> Optional[str]:
         """The known bug that makes this case fail in ``mode`` (``rolling``/``dynamic``/``http``)."""
-        return self.known_bug if self.known_bug and mode in self.bug_modes else None
+        modes = (*self.bug_modes, "http") if ROLLING in self.bug_modes else self.bug_modes
+        return self.known_bug if self.known_bug and mode in modes else None
 
     @property
     def expected_http_status(self) -> int:

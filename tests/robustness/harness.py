@@ -180,6 +180,17 @@ def run_rolling(cases: Sequence[Case], engine_name: str = "huggingface") -> list
     return outcomes
 
 
+def lost_in_rolling(case: Case, outcome: RollingOutcome) -> int:
+    """Requests (of 3) that did not get their correct outcome."""
+    if outcome.escaped is not None:
+        return 3
+    first, second = outcome.neighbours
+    case_ok = not (check_success(case, outcome.bad.code, outcome.bad.text, outcome.bad.headers.get("Content-Type", ""))
+                   if case.ok else check_error(case, outcome.bad.code, outcome.bad.error)) and outcome.bad.done
+    return (int(not case_ok) + int(bool(check_good_json(first.code, first.text)))
+            + int(bool(check_good_stream(second.code, second.text))))
+
+
 def judge_rolling(case: Case, outcome: RollingOutcome) -> list[str]:
     """Problems with one rolling outcome (empty list: as expected)."""
     if outcome.escaped is not None:
@@ -213,23 +224,51 @@ def _dynamic_input(items: Sequence[tuple[bytes, dict[str, str]]]) -> Input:
     return Input.from_parts(props, content)
 
 
-def run_dynamic(case: Case) -> list[str]:
-    """One dynamic batch ``[good, case, good]``; the problems found (empty: as expected)."""
+@dataclass
+class DynamicOutcome:
+    """Problems of the case itself and of its two neighbours in one dynamic batch."""
+
+    case_problems: list[str] = field(default_factory=list)
+    neighbour_problems: list[str] = field(default_factory=list)
+    escaped: Optional[BaseException] = None
+
+    @property
+    def problems(self) -> list[str]:
+        """Everything that went wrong."""
+        if self.escaped is not None:
+            return [f"exception escaped the handler: {self.escaped!r}"[:300]]
+        return self.case_problems + self.neighbour_problems
+
+    @property
+    def lost(self) -> int:
+        """Requests (of 3) that did not get their correct outcome."""
+        if self.escaped is not None:
+            return 3
+        return int(bool(self.case_problems)) + len(self.neighbour_problems)
+
+
+def dynamic_outcome(case: Case) -> DynamicOutcome:
+    """One dynamic batch ``[good, case, good]``, judged."""
     service, engine = make_service(case.engine, {"rolling_batch": "disable"})
     good = (json.dumps(GOOD_JSON).encode(), {"Content-Type": "application/json"})
     try:
         out = service.handle(_dynamic_input([good, (case.body, case.properties()), good]))
     except Exception as exc:  # noqa: BLE001 - reported as the problem
-        return [f"exception escaped the handler: {exc!r}"[:300]]
+        return DynamicOutcome(escaped=exc)
     if out.content.size() != 3:
-        return [f"expected 3 results, got {out.content.size()} (code {out.code})"]
+        return DynamicOutcome(escaped=RuntimeError(f"expected 3 results, got {out.content.size()} ({out.code})"))
     results = [json.loads(bytes(out.content.value_at(i))) for i in range(3)]
-    problems = [f"neighbour {i} got {results[i]!r}" for i in (0, 2)
-                if results[i] != [{"generated_text": REPLY[:5]}]]
-    problems += judge_dynamic(case, results[1])
+    outcome = DynamicOutcome(judge_dynamic(case, results[1]))
+    outcome.neighbour_problems = [f"neighbour {i} got {results[i]!r}" for i in (0, 2)
+                                  if results[i] != [{"generated_text": REPLY[:5]}]]
     if engine._rows:  # noqa: SLF001
-        problems.append(f"{len(engine._rows)} requests left in the engine")  # noqa: SLF001
-    return problems
+        outcome.case_problems.append(f"{len(engine._rows)} requests left in the engine")  # noqa: SLF001
+    return outcome
+
+
+def run_dynamic(case: Case) -> list[str]:
+    """One dynamic batch ``[good, case, good]``; the problems found (empty: as expected)."""
+    return dynamic_outcome(case).problems
 
 
 def judge_dynamic(case: Case, result: Any) -> list[str]:
