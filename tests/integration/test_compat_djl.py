@@ -34,7 +34,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 import pytest
-from compat_cases import CASES, MODELS, Case, Reply, comparable, materialize, run_case
+from compat_cases import CASES, DIFFERENCES, MODELS, Case, Reply, comparable, materialize, run_case
 from conftest_models import embedded_dir, tiny_dir, tiny_model  # noqa: F401
 from djl_server_fixture import djl_skip_reason
 
@@ -273,19 +273,6 @@ def check_semantics(case: Case, replies: list[Reply]) -> None:
         assert "".join(line["piece"] for line in lines[:-1]) == lines[-1]["answer"]
 
 
-@pytest.mark.parametrize("case", _params())
-def test_same_reply(pool: PairPool, case: Case) -> None:
-    pair = pool.get(case.model)
-    workaround = MODELS[case.model].rolling and negative_seed_rejected()
-    ours = run_case(pair.ours.url, case, seed_workaround=workaround)
-    CAPTURED[case.id] = {"ours": [_reply_json(r) for r in ours], "seed_workaround": workaround}
-    check_semantics(case, ours)
-    theirs = run_case(pair.djl_url(), case, seed_workaround=workaround)
-    CAPTURED[case.id]["djl"] = [_reply_json(r) for r in theirs]
-    for mine, djl in zip(ours, theirs, strict=True):
-        assert comparable(mine, case.compare) == comparable(djl, case.compare)
-
-
 def test_greedy_text_matches_generate(pool: PairPool, tiny_model: Any) -> None:  # noqa: F811
     """The text both servers agree on is the model's own greedy continuation (fp32)."""
     import torch
@@ -312,6 +299,28 @@ def test_rolling_request_without_seed_on_djl(pool: PairPool) -> None:
         send(pair.djl_url(), Call(b"Deep learning is", content_type="text/plain")).status for _ in range(8)
     ]  # P(all 8 seeds >= 0) = 1/256
     assert statuses == [200] * 8
+
+
+@pytest.mark.parametrize("case", _params())
+def test_same_reply(pool: PairPool, case: Case) -> None:
+    pair = pool.get(case.model)
+    workaround = MODELS[case.model].rolling and negative_seed_rejected()
+    ours = run_case(pair.ours.url, case, seed_workaround=workaround)
+    CAPTURED[case.id] = {"ours": [_reply_json(r) for r in ours], "seed_workaround": workaround}
+    check_semantics(case, ours)
+    theirs = run_case(pair.djl_url(), case, seed_workaround=workaround)
+    CAPTURED[case.id]["djl"] = [_reply_json(r) for r in theirs]
+    for mine, djl in zip(ours, theirs, strict=True):
+        assert comparable(mine, case.compare) == comparable(djl, case.compare)
+
+
+def test_differences_are_documented() -> None:
+    """Every case that does not compare exactly names a difference docs/compatibility.md explains."""
+    doc = (ROOT / "docs" / "compatibility.md").read_text(encoding="utf-8")
+    for case in CASES:
+        assert (case.compare == "exact") == (case.difference is None), case.id
+    for key in {c.difference for c in CASES if c.difference} | set(DIFFERENCES):
+        assert key in DIFFERENCES and f"`{key}`" in doc, key
 
 
 # =========================================================================== part 2: handler level
