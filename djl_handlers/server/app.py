@@ -1,7 +1,9 @@
 """The HTTP side: a Starlette app mirroring DJL Serving's inference front end for one model.
 
 Routes: ``POST /invocations``, ``POST /predictions/{model}[/{version}]``, ``GET /ping``,
-``GET /models``, ``GET /models/{model}``, ``GET /metrics``. Request mapping as DJL's
+``GET /models``, ``GET /models/{model}``, ``GET /metrics``; and the opt-in OpenAI routes
+``/v1/chat/completions``, ``/v1/completions`` and TGI routes ``/generate``, ``/generate_stream``,
+``POST /``. Request mapping as DJL's
 ``RequestParser``: every header becomes an ``Input`` property (names arrive lower-cased through
 ASGI; ``get_property`` is case-insensitive), ``X-Amzn-SageMaker-Custom-Attributes: k=v;k2=v2`` adds
 ``k``/``k2``; the body becomes content ``data``; query parameters become content entries. A request
@@ -21,6 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from djl_handlers.io import wire
+from djl_handlers.request.parser import API_PROPERTY
 from djl_handlers.server.protocol import WorkerRequest
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
 from djl_handlers.server.sink import SinkResponse
@@ -77,9 +80,14 @@ async def _body(request: Request) -> bytes:
     return b"".join(parts)
 
 
-async def to_worker_request(request: Request) -> WorkerRequest:
-    """Map an HTTP request to DJL's ``Input`` shape; :class:`RequestRejected` for front-end errors."""
+async def to_worker_request(request: Request, api: str | None = None) -> WorkerRequest:
+    """Map an HTTP request to DJL's ``Input`` shape; :class:`RequestRejected` for front-end errors.
+
+    ``api`` (set by the OpenAI/TGI routes) travels as property ``X-Djl-Handlers-Api`` so the handler
+    parses the body in that dialect and answers in its shapes."""
     properties = _properties(request)
+    if api is not None:
+        properties[API_PROPERTY] = api
     body = await _body(request)
     content: list[tuple[str | None, bytes]] = [
         (key, value.encode("utf-8")) for key, value in request.query_params.multi_items()
@@ -88,18 +96,29 @@ async def to_worker_request(request: Request) -> WorkerRequest:
     return WorkerRequest(properties, content)
 
 
-def create_app(runtime: ModelRuntime) -> Starlette:
-    """The ASGI app for one model runtime (the worker must already be started)."""
-    name = runtime.settings.model_name
+class _Endpoints:
+    """The route handlers for one model runtime."""
 
-    async def predict(request: Request) -> Any:
+    def __init__(self, runtime: ModelRuntime) -> None:
+        self.runtime = runtime
+        self.name = runtime.settings.model_name
+
+    def routed(self, api: str) -> Any:
+        """A predict endpoint that parses bodies in the ``api`` dialect (chat, completion, tgi...)."""
+
+        async def endpoint(request: Request) -> Any:
+            return await self.predict(request, api)
+
+        return endpoint
+
+    async def predict(self, request: Request, api: str | None = None) -> Any:
         wanted = request.path_params.get("model") or request.query_params.get("model_name") \
             or request.headers.get("model_name")
-        if wanted and wanted != name:
+        if wanted and wanted != self.name:
             return _error(404, "ModelNotFoundException", f"Model or workflow not found: {wanted}")
         try:
-            item = await to_worker_request(request)
-            sink = runtime.submit(item)
+            item = await to_worker_request(request, api)
+            sink = self.runtime.submit(item)
         except RequestRejected as exc:
             return _error(exc.code, exc.kind, exc.message)
         except QueueFull as exc:
@@ -108,31 +127,40 @@ def create_app(runtime: ModelRuntime) -> Starlette:
             return _error(503, "ServiceUnavailableException", str(exc))
         return SinkResponse(sink)
 
-    async def ping(request: Request) -> Response:
-        healthy = runtime.alive() and runtime.accepting
+    async def ping(self, request: Request) -> Response:
+        healthy = self.runtime.alive() and self.runtime.accepting
         status = "Healthy" if healthy else "Unhealthy"
-        return JSONResponse({name: {"status": status}}, status_code=200 if healthy else 503)
+        return JSONResponse({self.name: {"status": status}}, status_code=200 if healthy else 503)
 
-    async def models(request: Request) -> Response:
-        status = "READY" if runtime.alive() else "UNAVAILABLE"
-        url = f"file://{runtime.settings.model_dir}"
-        return JSONResponse({"models": [{"modelName": name, "modelUrl": url, "status": status}]})
+    def _status(self) -> str:
+        return "READY" if self.runtime.alive() else "UNAVAILABLE"
 
-    async def describe(request: Request) -> Response:
-        if request.path_params["model"] != name:
+    async def models(self, request: Request) -> Response:
+        url = f"file://{self.runtime.settings.model_dir}"
+        return JSONResponse({"models": [{"modelName": self.name, "modelUrl": url, "status": self._status()}]})
+
+    async def describe(self, request: Request) -> Response:
+        runtime = self.runtime
+        if request.path_params["model"] != self.name:
             return _error(404, "ModelNotFoundException", f"Model not found: {request.path_params['model']}")
         info = runtime.settings.describe()
         info.update({
-            "status": "READY" if runtime.alive() else "UNAVAILABLE",
+            "status": self._status(),
             "requestInQueue": runtime.queue_depth(),
             "workers": [{"id": 1, "pid": runtime.worker.pid, "restarts": max(runtime.worker.restarts, 0),
-                         "status": "READY" if runtime.alive() else "UNAVAILABLE"}],
+                         "status": self._status()}],
         })
         return JSONResponse([info])
 
-    async def metrics(request: Request) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        runtime = self.runtime
         text = runtime.metrics.render(runtime.queue_depth(), runtime.in_flight, runtime.alive())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+def create_app(runtime: ModelRuntime) -> Starlette:
+    """The ASGI app for one model runtime (the worker must already be started)."""
+    ep = _Endpoints(runtime)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -143,12 +171,18 @@ def create_app(runtime: ModelRuntime) -> Starlette:
             await runtime.close()
 
     routes = [
-        Route("/invocations", predict, methods=["POST"]),
-        Route("/predictions/{model}", predict, methods=["POST", "PUT"]),
-        Route("/predictions/{model}/{version}", predict, methods=["POST", "PUT"]),
-        Route("/ping", ping, methods=["GET", "POST"]),
-        Route("/models", models, methods=["GET"]),
-        Route("/models/{model}", describe, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/invocations", ep.predict, methods=["POST"]),
+        Route("/predictions/{model}", ep.predict, methods=["POST", "PUT"]),
+        Route("/predictions/{model}/{version}", ep.predict, methods=["POST", "PUT"]),
+        Route("/ping", ep.ping, methods=["GET", "POST"]),
+        Route("/models", ep.models, methods=["GET"]),
+        Route("/models/{model}", ep.describe, methods=["GET"]),
+        Route("/metrics", ep.metrics, methods=["GET"]),
+        # Opt-in dialects beyond LMI v0.27 (see docs/schema.md): OpenAI and TGI.
+        Route("/v1/chat/completions", ep.routed("chat"), methods=["POST"]),
+        Route("/v1/completions", ep.routed("completion"), methods=["POST"]),
+        Route("/generate", ep.routed("tgi"), methods=["POST"]),
+        Route("/generate_stream", ep.routed("tgi_stream"), methods=["POST"]),
+        Route("/", ep.routed("tgi"), methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)

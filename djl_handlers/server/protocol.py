@@ -191,11 +191,20 @@ class Record:
     error: str | None = None
     tokens: int = 1
 
-    def error_body(self) -> bytes:
+    def error_body(self, api: str | None = None) -> bytes:
         """DJL's compact chunk for a record carrying ``code``: ``{"error":..,"code":..}``.
 
-        Key order as DJL serialises its map (``error`` first, observed with DJL 0.34).
+        Key order as DJL serialises its map (``error`` first, observed with DJL 0.34). Requests that
+        came through the OpenAI or TGI routes (``api``) get that dialect's error object instead, so
+        the official clients show the message.
         """
+        if api in ("chat", "completion"):
+            kind = "invalid_request_error" if self.code is not None and self.code < 500 else "server_error"
+            error = {"message": self.error or "", "type": kind, "param": None, "code": self.code}
+            return json.dumps({"error": error}, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        if api in ("tgi", "tgi_stream"):
+            tgi = {"error": self.error or "", "error_type": "validation" if self.code == 400 else "generation"}
+            return json.dumps(tgi, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         body: dict[str, Any] = {}
         if self.error is not None:
             body["error"] = self.error
