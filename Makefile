@@ -1,5 +1,5 @@
 # The README's two commands: `make serve` (set up + serve the default model) and `make test`.
-.PHONY: setup serve test lint bench robustness serve-djl
+.PHONY: setup serve test lint bench robustness serve-djl docker
 
 setup:
 	bash scripts/setup.sh
@@ -19,3 +19,9 @@ bench:
 
 serve-djl: setup
 	.venv/bin/python -m djl_handlers.djl_server $(or $(MODEL_DIR),serving.properties.examples/hf-rolling-batch)
+
+robustness:
+	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.robustness
+
+docker:
+	bash docker/build.sh $(ARGS)

@@ -122,9 +122,14 @@ def status_of(exc: BaseException) -> int:
     return 424
 
 
+def safe_text(text: str) -> str:
+    """``text`` with anything UTF-8 cannot encode (lone surrogates) escaped, so it can be sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def message_of(exc: BaseException) -> str:
-    """A non-empty message for any exception (DJL v0.27 sometimes sent empty ones)."""
-    text = str(exc).strip()
+    """A non-empty, sendable message for any exception (DJL v0.27 sometimes sent empty ones)."""
+    text = safe_text(str(exc).strip())
     return text if text else type(exc).__name__
 
 
@@ -139,5 +144,5 @@ def error_body(exc: BaseException) -> dict[str, Any]:
         "type": exc.kind if isinstance(exc, DjlHandlersError) else "engine_error",
     }
     if isinstance(exc, DjlHandlersError) and exc.field:
-        body["field"] = exc.field
+        body["field"] = safe_text(exc.field)
     return body

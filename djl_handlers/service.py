@@ -45,7 +45,9 @@ class InferenceService:
         """Build config, engine and scheduler from the init call's properties."""
         from djl_handlers.config.models import ServingConfig
 
-        props = dict(properties)
+        # DJL's engine injects the formatter functions it found in model.py into the properties;
+        # load_hooks finds the same functions, so only string options go to the config.
+        props = {k: v for k, v in properties.items() if not callable(v)}
         if props.get("embedded_model") and not props.get("model_id"):
             from djl_handlers.model.embedded import embedded_model_dir
 

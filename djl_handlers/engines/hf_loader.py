@@ -151,7 +151,8 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
     set_torch_threads(opts.torch_threads)
     model_id = resolve_model_id(opts.model_id)
     dtype: Any = opts.dtype if opts.dtype == "auto" else getattr(torch, opts.dtype)
-    common = {"trust_remote_code": opts.trust_remote_code, "revision": opts.revision}
+    # local_files_only: nothing is ever downloaded from a model hub at run time.
+    common = {"trust_remote_code": opts.trust_remote_code, "revision": opts.revision, "local_files_only": True}
     extra = {"attn_implementation": opts.attn_implementation} if opts.attn_implementation else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **common)

@@ -109,6 +109,8 @@ class GenerationParameters:
         accepted, ignored = _partition(data, ctx, strict)
         values = {key: SPECS[key](key, value, ctx) for key, value in accepted.items()}
         values = {**engine_defaults(name, bool(values.get("do_sample", False))), **values}
+        if "max_new_tokens" not in values:  # the default (30) never exceeds the server's cap
+            values["max_new_tokens"] = min(cls.max_new_tokens, max_new_tokens_limit)
         params = cls(**values, engine=name, provided=frozenset(accepted), ignored=tuple(ignored))
         _cross_check(params)
         return params
@@ -149,10 +151,12 @@ def _jsonable(value: Any) -> Any:
 
 def _show(value: Any) -> str:
     """A short JSON-ish rendering of a client value for error messages."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return "an integer with more than 60 digits"
     try:
         text = json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
-        text = repr(value)
+        text = object.__repr__(value) if isinstance(value, int) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -53,6 +53,8 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> 
             raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", field="messages")
         if not isinstance(msg.get("content"), str):
             raise InvalidRequest(f"messages[{i}].content must be a string", field="messages")
+        _check_text(msg["content"], "messages")
+        _check_text(msg["role"], "messages")
     if chat_template is None:
         raise InvalidRequest(
             "this model has no chat template, so chat requests are not supported; send 'inputs' or 'prompt'",
@@ -76,6 +78,7 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request)", field="prompt")
+    _check_text(prompt, "prompt")
     if body.get("best_of") not in (None, 1):
         raise InvalidParameter("best_of must be 1 (one sequence per request)", field="best_of")
     logprobs = body.get("logprobs")
@@ -93,7 +96,10 @@ def _common_parameters(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("n") not in (None, 1):
         raise InvalidParameter("n must be 1 (one choice per request)", field="n")
     params: dict[str, Any] = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(key)
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise InvalidParameter(f"{key} must be a positive integer, got {json.dumps(max_tokens)}", field=key)
     params["max_new_tokens"] = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     temperature = body.get("temperature")
     temperature = 1.0 if temperature is None else temperature
@@ -132,6 +138,14 @@ def _reject_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequest(f"unsupported field(s) {unknown}", field=unknown[0])
+
+
+def _check_text(value: str, name: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{name} contains an invalid character at position {exc.start} "
+                             "(a lone UTF-16 surrogate)", field=name) from None
 
 
 def _bool(value: Any, name: str) -> bool:

@@ -24,7 +24,6 @@ from djl_handlers.request.records import CustomFormatter, Request
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
 # Set by the local server's routes (/v1/chat/completions, /v1/completions, /generate, /generate_stream).
 API_PROPERTY = "X-Djl-Handlers-Api"
-TGI_RENAMES = {"stop": "stop_sequences"}
 TGI_NULL_ONLY = ("grammar", "adapter_id")
 META_PARAMETERS = ("stream", "output_formatter")
 
@@ -66,6 +65,8 @@ def decode_body(item: Any) -> Any:
             ) from None
         except RecursionError:
             raise InvalidRequest("request body JSON is nested too deeply", field="body") from None
+        except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
+            raise InvalidRequest(f"request body is not valid JSON: {exc}", field="body") from None
     if ctype.startswith("text/"):
         return {"inputs": text}
     raise UnsupportedMediaType(
@@ -150,7 +151,10 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidParameter("parameters must be a JSON object", field="parameters")
-    params = {TGI_RENAMES.get(k, k): v for k, v in params.items()}
+    unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise InvalidRequest(f"unknown request field(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}", field=unknown[0])
+    params = dict(params)  # TGI's `stop` is an accepted alias of stop_sequences (from_dict checks both)
     for key in TGI_NULL_ONLY:
         if params.pop(key, None) is not None:
             raise InvalidParameter(f"parameters.{key} is not supported", field=key)
@@ -162,22 +166,33 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
         params.pop("top_n_tokens", None)
     if not params.get("decoder_input_details"):
         params.pop("decoder_input_details", None)
-    stream = stream or bool(body.get("stream", False))
+    stream = stream or _check_bool(body.get("stream", False), "stream")
     params["output_formatter"] = "tgi_stream" if stream else "tgi"
     return {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
+
+
+def check_text(value: str, name: str) -> str:
+    """Reject strings that are not valid Unicode text (lone surrogates from JSON escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{name} contains an invalid character at position {exc.start} "
+                             "(a lone UTF-16 surrogate)", field=name) from None
+    return value
 
 
 def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:
     if value is None:
         raise InvalidRequest("missing required field 'inputs'", field="inputs")
     if isinstance(value, str):
-        return value
+        return check_text(value, "inputs")
     if isinstance(value, list) and not rolling:
         if not value:
             raise InvalidRequest("inputs must not be an empty list", field="inputs")
         for i, v in enumerate(value):
             if not isinstance(v, str):
                 raise InvalidRequest(f"inputs[{i}] must be a string, got {type(v).__name__}", field="inputs")
+            check_text(v, "inputs")
         return list(value)
     if isinstance(value, list):
         raise InvalidRequest(
@@ -201,6 +216,7 @@ def _server_seed(item: Any) -> Optional[int]:
     if value is None:
         return None
     try:
-        return int(bytes(value).decode("ascii").strip())
+        seed = int(bytes(value).decode("ascii").strip())
     except (UnicodeDecodeError, ValueError):
         return None
+    return seed % (1 << 32)  # Java sends a random signed int; fold it into the unsigned range

@@ -89,17 +89,22 @@ def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> 
 
 
 def _step_loop(engine: Engine, reqs: list[EngineRequest], by_id: dict[int, RequestSlot]) -> None:
-    for req in reqs:
-        engine.add_request(req)
-    live = set(by_id)
-    while live:
-        for step in engine.step():
-            slot = by_id.get(step.request_id)
-            if slot is not None:
-                slot.consume(step)
-        for rid in [r for r in live if by_id[r].finished]:
+    live: set[int] = set()
+    try:
+        for req in reqs:
+            engine.add_request(req)
+            live.add(req.request_id)
+        while live:
+            for step in engine.step():
+                slot = by_id.get(step.request_id)
+                if slot is not None:
+                    slot.consume(step)
+            for rid in [r for r in live if by_id[r].finished]:
+                engine.release(rid)
+                live.discard(rid)
+    finally:  # a failed step must not leave requests behind in the engine
+        for rid in live:
             engine.release(rid)
-            live.discard(rid)
 
 
 def stream_dynamic_request(engine: Engine, request: Request) -> Iterator[list[str]]:

@@ -237,8 +237,6 @@ def _params() -> list[Any]:
     params = []
     for case in CASES:
         marks: list[Any] = []
-        if case.model == "hf-custom":
-            marks.append(pytest.mark.xfail(strict=True, raises=DjlServerError, reason=FORMATTER_BUG))
         params.append(pytest.param(case, id=case.id, marks=marks))
     return params
 
@@ -289,7 +287,6 @@ def test_greedy_text_matches_generate(pool: PairPool, tiny_model: Any) -> None: 
         assert json.loads(reply.body) == {"generated_text": expected}
 
 
-@pytest.mark.xfail(strict=True, reason=SEED_BUG)
 def test_rolling_request_without_seed_on_djl(pool: PairPool) -> None:
     """Requests that carry no seed (and text/plain ones, which cannot) must all succeed on DJL."""
     pair = pool.get("hf-tiny")
@@ -470,7 +467,6 @@ def test_dynamic_stream_handler_returns_djl_output(djl_io: tuple[type, type], ti
     assert b'{"outputs": [' in sent
 
 
-@pytest.mark.xfail(strict=True, reason=SEED_BUG)
 def test_rolling_handler_accepts_negative_java_seed(djl_io: tuple[type, type], tiny_dir: Path) -> None:  # noqa: F811
     handlers = _pair(djl_io, _options(tiny_dir, rolling_batch="auto"))
     body = json.dumps({"inputs": "Deep learning is", "parameters": {"max_new_tokens": 2}}).encode()
@@ -479,7 +475,6 @@ def test_rolling_handler_accepts_negative_java_seed(djl_io: tuple[type, type], t
     assert "code" not in record, record
 
 
-@pytest.mark.xfail(strict=True, reason=FORMATTER_BUG)
 def test_init_with_djl_injected_formatters(djl_io: tuple[type, type], tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
     """DJL's worker puts model.py's decorated formatters into the init properties as functions."""
     from djl_handlers.service import InferenceService

@@ -318,22 +318,15 @@ def number_cases() -> Iterator[Case]:
     for label, (params, field) in raw.items():
         yield Case(f"number-{label}", body_with(params), mentions=(field,))
     digits = "9" * 5000
-    yield Case("number-5000-digit-int", body_with(f'"max_new_tokens": {digits}'), mentions=("body",),
-               known_bug="json.loads raises ValueError (int max-str-digits) that decode_body does not catch; "
-                         "it escapes handle() and fails the whole batch")
+    yield Case("number-5000-digit-int", body_with(f'"max_new_tokens": {digits}'), mentions=("body",))
     yield Case("number-5000-digit-int-in-unknown-field",
-               f'{{"inputs": "x", "junk": {digits}}}'.encode(), mentions=("body",),
-               known_bug="as number-5000-digit-int: ValueError escapes the handler")
+               f'{{"inputs": "x", "junk": {digits}}}'.encode(), mentions=("body",))
     yield Case("number-seed-digit-string-ok", body_with(f'"seed": "123", "max_new_tokens": {N}'), status=200,
                expect_text=REPLY[:N])
     yield Case("number-max-new-tokens-limit-ok", body_with('"max_new_tokens": 4096'), status=200,
                expect_text=(REPLY * 100)[:2048 - len("hello")], modes=(ROLLING,))
 
 
-SURROGATE_FIELD_BUG = (
-    "dynamic batch: the error body's 'field' is the client's key verbatim; a JSON-escaped lone surrogate "
-    "there makes Output.add_as_json (ensure_ascii=False) raise UnicodeEncodeError out of handle(), failing "
-    "the whole batch (rolling mode is fine: its message uses repr)")
 
 
 def unknown_parameter_cases() -> Iterator[Case]:
@@ -343,12 +336,11 @@ def unknown_parameter_cases() -> Iterator[Case]:
     yield Case("unknown-param-foo", body_with('"foo": 1'), mentions=("unknown parameter", "foo"))
     yield Case("unknown-param-empty-key", body_with('"": 1'), mentions=("unknown parameter",))
     yield Case("unknown-param-dunder", body_with('"__class__": 1'), mentions=("__class__",))
-    yield Case("unknown-param-escaped-surrogate-key", body_with('"\\ud800": 1'), mentions=("unknown parameter",),
-               known_bug=SURROGATE_FIELD_BUG, bug_modes=(DYNAMIC,))
+    yield Case("unknown-param-escaped-surrogate-key", body_with('"\\ud800": 1'), mentions=("unknown parameter",))
     yield Case("unknown-top-level-escaped-surrogate-key", b'{"inputs": "x", "\\udfff": 1}',
-               mentions=("unknown request field",), known_bug=SURROGATE_FIELD_BUG, bug_modes=(DYNAMIC,))
+               mentions=("unknown request field",))
     yield Case("unknown-openai-escaped-surrogate-key", b'{"prompt": "x", "\\udbff": 1}',
-               mentions=("unsupported field",), known_bug=SURROGATE_FIELD_BUG, bug_modes=(DYNAMIC,))
+               mentions=("unsupported field",))
     yield Case("unknown-param-null-value", body_with('"foo": null'), mentions=("foo",))
     yield Case("alias-stop-twice", body_with('"stop": ["a"], "stop_sequences": ["b"]'),
                mentions=("mean the same",))
@@ -384,9 +376,7 @@ def whitespace_cases() -> Iterator[Case]:
                expect_text=REPLY[:30])
     yield Case("whitespace-parameters-empty", b'{"inputs": "x", "parameters": {}}', status=200,
                expect_text=REPLY[:30])
-    yield Case("surrogate-escape-in-inputs", b'{"inputs": "\\ud800"}', mentions=("inputs",),
-               known_bug="a JSON-escaped lone surrogate is accepted as the prompt; tokenizing it raises "
-                         "UnicodeEncodeError, reported as 424 engine error instead of 400 naming inputs")
+    yield Case("surrogate-escape-in-inputs", b'{"inputs": "\\ud800"}', mentions=("inputs",))
     yield Case("surrogate-escape-in-stop-ok", body_with(f'"stop_sequences": ["\\udc00"], "max_new_tokens": {N}'),
                status=200, expect_text=REPLY[:N])
 
@@ -429,8 +419,6 @@ def header_cases() -> Iterator[Case]:
 
 
 CHAT_OK = [{"role": "user", "content": "hi"}]
-MAX_TOKENS_BUG = ("OpenAI max_tokens is renamed to max_new_tokens before validation, so the 400 names "
-                  "parameters.max_new_tokens (field max_new_tokens), a name the client never sent")
 
 
 def openai_cases() -> Iterator[Case]:
@@ -484,13 +472,10 @@ def openai_cases() -> Iterator[Case]:
     for label, (body, mention) in completion.items():
         yield Case(f"completion-{label}", dumps(body), mentions=(mention,))
     yield Case("completion-ok", dumps({"prompt": "x", "max_tokens": N, "temperature": 0}), status=200)
-    yield Case("completion-max-tokens-string", dumps({"prompt": "x", "max_tokens": "5"}), mentions=("max_tokens",),
-               known_bug=MAX_TOKENS_BUG)
-    yield Case("chat-max-tokens-zero", dumps({"messages": CHAT_OK, "max_tokens": 0}), mentions=("max_tokens",),
-               known_bug=MAX_TOKENS_BUG)
+    yield Case("completion-max-tokens-string", dumps({"prompt": "x", "max_tokens": "5"}), mentions=("max_tokens",))
+    yield Case("chat-max-tokens-zero", dumps({"messages": CHAT_OK, "max_tokens": 0}), mentions=("max_tokens",))
     yield Case("completion-stop-int", dumps({"prompt": "x", "stop": 5}), mentions=("stop",))
-    yield Case("completion-surrogate-prompt", b'{"prompt": "\\udc00"}', mentions=("prompt",),
-               known_bug="as surrogate-escape-in-inputs: a 424 engine error instead of a 400 naming prompt")
+    yield Case("completion-surrogate-prompt", b'{"prompt": "\\udc00"}', mentions=("prompt",))
 
 
 def tgi_cases() -> Iterator[Case]:
@@ -513,15 +498,10 @@ def tgi_cases() -> Iterator[Case]:
         yield Case(f"tgi-{label}", body.encode(), api="tgi", mentions=(mention,))
     yield Case("tgi-inputs-list", b'{"inputs": ["a"]}', api="tgi", mentions=("inputs",), modes=(ROLLING,))
     yield Case("tgi-ok", dumps({"inputs": "x", "parameters": {"max_new_tokens": N}}), api="tgi", status=200)
-    yield Case("tgi-stream-string", b'{"inputs": "x", "stream": "yes"}', api="tgi", mentions=("stream",),
-               known_bug="_tgi_body takes bool(body['stream']): a string is silently read as true")
-    yield Case("tgi-unknown-top-level", b'{"inputs": "x", "bogus": 1}', api="tgi", mentions=("bogus",),
-               known_bug="_tgi_body rebuilds the body from inputs/parameters/stream: other top-level "
-                         "fields are dropped silently")
+    yield Case("tgi-stream-string", b'{"inputs": "x", "stream": "yes"}', api="tgi", mentions=("stream",))
+    yield Case("tgi-unknown-top-level", b'{"inputs": "x", "bogus": 1}', api="tgi", mentions=("bogus",))
     yield Case("tgi-stop-and-stop-sequences", b'{"inputs": "x", "parameters": {"stop": ["a"], '
-               b'"stop_sequences": ["b"]}}', api="tgi", mentions=("mean the same",),
-               known_bug="TGI_RENAMES maps stop to stop_sequences in a dict comprehension, so one of the "
-                         "two is dropped silently instead of the 'mean the same' 400")
+               b'"stop_sequences": ["b"]}}', api="tgi", mentions=("mean the same",))
 
 
 def build_corpus() -> list[Case]:

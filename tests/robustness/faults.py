@@ -268,9 +268,6 @@ def dynamic_crash_then_recover() -> Problems:
     return problems
 
 
-DYNAMIC_LEAK_BUG = ("scheduling/dynamic.py: when engine.step() raises inside _step_loop, _run_group fails the "
-                    "group but never releases its requests from the engine; the <crash> row stays, so every "
-                    "later dynamic batch on a step-loop engine (vLLM, TensorRT-LLM) fails too")
 
 
 def scenarios() -> list[Scenario]:
@@ -285,6 +282,6 @@ def scenarios() -> list[Scenario]:
         Scenario("release-raises", release_raises, faults=4),
         Scenario("cancel-3-of-6", cancel_many, faults=3),
         Scenario("dynamic-fail-one", dynamic_fail_one),
-        Scenario("dynamic-crash-then-recover", dynamic_crash_then_recover, known_bug=DYNAMIC_LEAK_BUG),
+        Scenario("dynamic-crash-then-recover", dynamic_crash_then_recover),
     ]
     return found

@@ -254,9 +254,6 @@ def test_parser_on_arbitrary_bytes(body: bytes, content_type: str | None, api: s
     _parse_only_invalid_request(body, content_type, api, parser_settings)
 
 
-@pytest.mark.xfail(strict=True, reason="json.loads raises a plain ValueError for an integer literal longer than "
-                                       "sys.get_int_max_str_digits() (4300); decode_body only catches "
-                                       "JSONDecodeError/RecursionError, so it escapes as ValueError")
 def test_parser_on_5000_digit_integer() -> None:
     body = b'{"inputs": "x", "parameters": {"seed": ' + b"7" * 5000 + b"}}"
     with pytest.raises(InvalidRequest):
@@ -281,8 +278,7 @@ def _from_dict_only_invalid_parameter(data: Any, engine: str, strict: bool, limi
         return
     values = params.to_dict()
     json.dumps(values, allow_nan=False)
-    if "max_new_tokens" in params.provided:  # the default (30) above a lower limit: see the xfail below
-        assert 1 <= params.max_new_tokens <= limit
+    assert 1 <= params.max_new_tokens <= limit  # the default is capped at the limit too
     assert all(math.isfinite(v) for v in values.values() if isinstance(v, float))
     assert params.min_new_tokens <= params.max_new_tokens
 
@@ -294,16 +290,11 @@ def test_from_dict_raises_only_invalid_parameter(data: Any, engine: str, strict:
     _from_dict_only_invalid_parameter(data, engine, strict, limit)
 
 
-@pytest.mark.xfail(strict=True, reason="_show() formats the bad value with json.dumps then repr; both raise "
-                                       "ValueError for an int above 4300 digits, which escapes from_dict")
 def test_from_dict_on_huge_integer() -> None:
     with pytest.raises(InvalidParameter):
         GenerationParameters.from_dict({"max_new_tokens": 10**5000})
 
 
-@pytest.mark.xfail(strict=True, reason="option.max_new_tokens_limit (>= 1) caps only an explicit max_new_tokens: "
-                                       "with a limit below 30, a request without max_new_tokens still gets the "
-                                       "default 30 tokens")
 def test_default_max_new_tokens_respects_a_lower_limit() -> None:
     params = GenerationParameters.from_dict({}, max_new_tokens_limit=10)
     assert params.max_new_tokens <= 10
