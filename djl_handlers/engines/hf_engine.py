@@ -27,12 +27,20 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.hf_batch import (
+    KVBatch,
+    generate_key,
+    left_pad,
+    new_slab_cache,
+    static_outputs,
+    uses_plain_layers,
+)
 from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
 
@@ -55,17 +63,6 @@ class _Partial:
     row: _Row
     cache: Any
     offset: int = 0
-
-
-@dataclass
-class _Batch:
-    """The running batch's tensors (see module docstring)."""
-
-    cache: Any
-    mask: torch.Tensor
-    pos: torch.Tensor
-    pending: torch.Tensor
-    rows: list[_Row] = field(default_factory=list)
 
 
 class HFEngine:
@@ -101,7 +98,7 @@ class HFEngine:
         self._check_cache_layout()
         self._queue: deque[_Row] = deque()
         self._partial: _Partial | None = None
-        self._batch: _Batch | None = None
+        self._batch: KVBatch | None = None
         self._ids: set[int] = set()
 
     @classmethod
@@ -225,7 +222,7 @@ class HFEngine:
                 msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {self.max_model_len}"
                 results[i] = [StepOutput(req.request_id, error=msg)]
                 continue
-            groups.setdefault(_generate_key(req.params), []).append(i)
+            groups.setdefault(generate_key(req.params), []).append(i)
         with torch.inference_mode():
             for key, members in groups.items():
                 batch = [requests[i] for i in members]
@@ -235,53 +232,28 @@ class HFEngine:
 
     # ------------------------------------------------------------------ internals
     def _generate_group(self, batch: list[EngineRequest], kwargs: dict[str, Any]) -> list[list[StepOutput]]:
-        lengths = [len(r.prompt_ids) for r in batch]
-        width = max(lengths)
+        width = max(len(r.prompt_ids) for r in batch)
         limits = [max(1, int(getattr(r.params, "max_new_tokens", 30) or 1)) for r in batch]
-        max_new = max(1, min(max(limits), self.max_model_len - width))
         pad = _pad_id(self.tokenizer, self.eos_token_ids)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for i, req in enumerate(batch):
-            ids[i, width - lengths[i] :] = torch.tensor(list(req.prompt_ids), dtype=torch.long)
-            mask[i, width - lengths[i] :] = 1
+        ids, mask = left_pad([r.prompt_ids for r in batch], pad)
         seed = kwargs.pop("seed", None)
         if seed is not None:
             torch.manual_seed(int(seed))
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            max_new_tokens=max_new,
+            max_new_tokens=max(1, min(max(limits), self.max_model_len - width)),
             eos_token_id=sorted(self.eos_token_ids) or None,
             pad_token_id=pad,
             return_dict_in_generate=True,
             output_logits=True,
             **kwargs,
         )
-        new_tokens = out.sequences[:, width:]
-        logits = torch.stack(out.logits, dim=1).float()  # [batch, steps, vocab], raw model logits
-        log_probs = logits.gather(2, new_tokens.unsqueeze(2)).squeeze(2) - torch.logsumexp(logits, dim=2)
-        results = []
-        for i, req in enumerate(batch):
-            toks, lps = new_tokens[i].tolist(), log_probs[i].tolist()
-            outs: list[StepOutput] = []
-            for tok, lp in zip(toks[: limits[i]], lps, strict=False):
-                outs.append(StepOutput(req.request_id, token_id=tok, log_prob=lp))
-                if tok in self.eos_token_ids:
-                    break
-            if outs:
-                last = outs[-1]
-                reason = "eos_token" if last.token_id in self.eos_token_ids else "length"
-                outs[-1] = StepOutput(req.request_id, last.token_id, last.log_prob, finish_reason=reason)
-            results.append(outs)
-        return results
+        ids_by_request = [r.request_id for r in batch]
+        return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, self.eos_token_ids)
 
     def _check_cache_layout(self) -> None:
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        cache = DynamicCache(config=self.model.config)
-        if any(type(layer) is not DynamicLayer for layer in cache.layers):
+        if not uses_plain_layers(self.model.config):
             raise ConfigError(
                 "continuous batching supports full-attention decoder models only "
                 f"({type(self.model).__name__} uses sliding-window or other cache layers); "
@@ -289,9 +261,7 @@ class HFEngine:
             )
 
     def _new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        return new_slab_cache(self.model.config)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """One forward; returns last-position logits [batch, vocab] (float32)."""
@@ -322,36 +292,20 @@ class HFEngine:
         keep = [i for i, row in enumerate(batch.rows) if not row.done]
         if not keep:
             self._batch = None
-            return errors
-        if len(keep) < len(batch.rows):
-            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            batch.cache.batch_select_indices(idx)
-            batch.mask, batch.pos, batch.pending = batch.mask[idx], batch.pos[idx], batch.pending[idx]
-            batch.rows = [batch.rows[i] for i in keep]
-            self._trim_left(batch)
+        else:
+            batch.select(keep)
         return errors
-
-    @staticmethod
-    def _trim_left(batch: _Batch) -> None:
-        used = batch.mask.any(dim=0)
-        lead = int(used.int().argmax()) if bool(used.any()) else 0
-        if lead > 0:
-            for layer in batch.cache.layers:
-                layer.keys = layer.keys[:, :, lead:]
-                layer.values = layer.values[:, :, lead:]
-            batch.mask = batch.mask[:, lead:]
 
     def _decode(self) -> list[StepOutput]:
         batch = self._batch
         if batch is None:
             return []
-        ones = torch.ones((len(batch.rows), 1), dtype=batch.mask.dtype, device=self.device)
-        batch.mask = torch.cat([batch.mask, ones], dim=1)
+        batch.grow_mask()
         logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
         batch.pos = batch.pos + 1
         return self._emit(logits, batch.rows, batch)
 
-    def _emit(self, logits: torch.Tensor, rows: list[_Row], batch: _Batch | None) -> list[StepOutput]:
+    def _emit(self, logits: torch.Tensor, rows: list[_Row], batch: KVBatch | None) -> list[StepOutput]:
         """Sample one token per row, store it as pending (if ``batch``), build the outputs."""
         result = sample_batch(logits, [row.sampling for row in rows])
         if batch is not None:
@@ -404,18 +358,12 @@ class HFEngine:
 
     def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
         lengths = [len(r.request.prompt_ids) for r in group]
-        width = max(lengths)
-        ids = torch.zeros((len(group), width), dtype=torch.long)
-        mask = torch.zeros((len(group), width), dtype=torch.long)
-        for i, row in enumerate(group):
-            n = lengths[i]
-            ids[i, width - n :] = torch.tensor(list(row.request.prompt_ids), dtype=torch.long)
-            mask[i, width - n :] = 1
+        ids, mask = left_pad([r.request.prompt_ids for r in group], 0)
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = self._new_cache()
         logits = self._forward(ids, mask, pos, cache)
-        new = _Batch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
+        new = KVBatch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
         new.rows = list(group)
         outputs = self._emit(logits, new.rows, new)
         self._merge(new)
@@ -435,33 +383,21 @@ class HFEngine:
         if end < len(prompt):
             return [], budget - len(chunk)
         self._partial = None
-        new = _Batch(part.cache, mask, torch.tensor([end], device=self.device), ids[:, 0], [part.row])
+        new = KVBatch(part.cache, mask, torch.tensor([end], device=self.device), ids[:, 0], [part.row])
         outputs = self._emit(logits, new.rows, new)
         self._merge(new)
         return outputs, budget - len(chunk)
 
-    def _merge(self, new: _Batch) -> None:
-        """Append ``new``'s rows to the running batch, left-padding the shorter side with zeros."""
+    def _merge(self, new: KVBatch) -> None:
+        """Append ``new``'s rows (minus any that failed sampling) to the running batch."""
         keep = [i for i, row in enumerate(new.rows) if not row.done]
-        if len(keep) < len(new.rows):
-            if not keep:
-                return
-            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-            new.cache.batch_select_indices(idx)
-            new.mask, new.pos, new.pending = new.mask[idx], new.pos[idx], new.pending[idx]
-            new.rows = [new.rows[i] for i in keep]
-        old = self._batch
-        if old is None:
-            self._batch = new
+        if not keep:
             return
-        width = max(old.mask.shape[1], new.mask.shape[1])
-        for a, b in zip(old.cache.layers, new.cache.layers, strict=True):
-            a.keys = torch.cat([_pad_left(a.keys, width, 2), _pad_left(b.keys, width, 2)], dim=0)
-            a.values = torch.cat([_pad_left(a.values, width, 2), _pad_left(b.values, width, 2)], dim=0)
-        old.mask = torch.cat([_pad_left(old.mask, width, 1), _pad_left(new.mask, width, 1)], dim=0)
-        old.pos = torch.cat([old.pos, new.pos])
-        old.pending = torch.cat([old.pending, new.pending])
-        old.rows = old.rows + new.rows
+        new.select(keep)
+        if self._batch is None:
+            self._batch = new
+        else:
+            self._batch.merge(new)
 
     def _drop_running(self) -> None:
         """After a failed step nothing in the running batch can be trusted: forget it."""
@@ -471,38 +407,6 @@ class HFEngine:
             self._ids.discard(self._partial.row.request.request_id)
         self._batch = None
         self._partial = None
-
-
-def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    """Zero-pad ``t`` on the left of ``dim`` up to ``width``."""
-    extra = width - t.shape[dim]
-    if extra <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = extra
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
-
-
-def _generate_key(params: Any) -> tuple[tuple[str, Any], ...]:
-    """``generate()`` keyword arguments for a request's sampling settings (hashable, sorted)."""
-    kwargs: dict[str, Any] = {"do_sample": False}
-    penalty = float(getattr(params, "repetition_penalty", 1.0) or 1.0)
-    if penalty != 1.0:
-        kwargs["repetition_penalty"] = penalty
-    min_new = int(getattr(params, "min_new_tokens", 0) or 0)
-    if min_new:
-        kwargs["min_new_tokens"] = min_new
-    temperature = float(getattr(params, "temperature", 1.0) or 1.0)
-    if getattr(params, "do_sample", False) and temperature > 0:
-        kwargs.update(
-            do_sample=True,
-            temperature=temperature,
-            top_k=int(getattr(params, "top_k", 0) or 0),
-            top_p=float(getattr(params, "top_p", 1.0) or 1.0),
-            typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
-            seed=getattr(params, "seed", None),
-        )
-    return tuple(sorted(kwargs.items()))
 
 
 def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:
