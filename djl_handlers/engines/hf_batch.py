@@ -199,7 +199,7 @@ def generate_key(params: Any) -> tuple[tuple[str, Any], ...]:
         kwargs.update(
             do_sample=True,
             temperature=temperature,
-            top_k=int(getattr(params, "top_k", 0) or 0),
+            top_k=max(0, int(getattr(params, "top_k", 0) or 0)),  # -1 (vLLM's "off") = 0
             top_p=float(getattr(params, "top_p", 1.0) or 1.0),
             typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
             seed=getattr(params, "seed", None),
