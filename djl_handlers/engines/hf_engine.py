@@ -357,17 +357,29 @@ class HFEngine:
         return group
 
     def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
+        """Prefill ``group`` as one left-padded batch and merge it. A failure of the forward (bad
+        input, out of memory) fails these requests only; the running batch is untouched."""
         lengths = [len(r.request.prompt_ids) for r in group]
-        ids, mask = left_pad([r.request.prompt_ids for r in group], 0)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        cache = self._new_cache()
-        logits = self._forward(ids, mask, pos, cache)
+        try:
+            ids, mask = left_pad([r.request.prompt_ids for r in group], 0)
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
+            cache = self._new_cache()
+            logits = self._forward(ids, mask, pos, cache)
+        except Exception as exc:  # noqa: BLE001 - isolate the group
+            LOG.exception("prefill of %d request(s) failed", len(group))
+            return self._fail_rows(group, f"prefill failed: {type(exc).__name__}: {exc}")
         new = KVBatch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
         new.rows = list(group)
         outputs = self._emit(logits, new.rows, new)
         self._merge(new)
         return outputs
+
+    def _fail_rows(self, rows: list[_Row], message: str) -> list[StepOutput]:
+        for row in rows:
+            row.done = True
+            self._ids.discard(row.request.request_id)
+        return [StepOutput(row.request.request_id, error=message) for row in rows]
 
     def _continue_partial(self, budget: int) -> tuple[list[StepOutput], int]:
         part = self._partial
@@ -378,7 +390,12 @@ class HFEngine:
         ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
         mask = torch.ones((1, end), dtype=torch.long, device=self.device)
         pos = torch.arange(part.offset, end, device=self.device).unsqueeze(0)
-        logits = self._forward(ids, mask, pos, part.cache)
+        try:
+            logits = self._forward(ids, mask, pos, part.cache)
+        except Exception as exc:  # noqa: BLE001 - isolate this request
+            LOG.exception("chunked prefill of request %s failed", part.row.request.request_id)
+            self._partial = None
+            return self._fail_rows([part.row], f"prefill failed: {type(exc).__name__}: {exc}"), 0
         part.offset = end
         if end < len(prompt):
             return [], budget - len(chunk)
@@ -400,13 +417,11 @@ class HFEngine:
             self._batch.merge(new)
 
     def _drop_running(self) -> None:
-        """After a failed step nothing in the running batch can be trusted: forget it."""
-        for row in self._batch.rows if self._batch is not None else []:
-            self._ids.discard(row.request.request_id)
-        if self._partial is not None:
-            self._ids.discard(self._partial.row.request.request_id)
+        """After a failed step nothing in the running batch can be trusted: forget it (queued
+        requests stay queued)."""
         self._batch = None
         self._partial = None
+        self._ids = {row.request.request_id for row in self._queue}
 
 
 def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:

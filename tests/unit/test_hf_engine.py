@@ -230,3 +230,28 @@ def test_real_model_generate_static_equals_generate(real_model: Any) -> None:
     results = HFEngine(model, tok).generate_static(requests)
     for req, outs in zip(requests, results, strict=True):
         assert [o.token_id for o in outs] == reference(model, list(req.prompt_ids), req.params.max_new_tokens)
+
+
+def test_prefill_failure_fails_only_the_new_requests(tiny_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tok = tiny_model
+    engine = HFEngine(model, tok)
+    first = EngineRequest(0, tok.encode(PROMPTS[0]), GenerationParameters(max_new_tokens=4))
+    engine.add_request(first)
+    tokens = [engine.step()[0].token_id]
+    real_forward = engine._forward
+
+    def fail_prefill(ids: Any, *args: Any) -> Any:
+        if ids.shape[1] > 1:  # a prefill, not a decode
+            raise RuntimeError("bad prompt")
+        return real_forward(ids, *args)
+
+    monkeypatch.setattr(engine, "_forward", fail_prefill)
+    engine.add_request(EngineRequest(1, tok.encode(PROMPTS[1]), GenerationParameters()))
+    outs = {o.request_id: o for o in engine.step()}
+    assert "bad prompt" in (outs[1].error or "")
+    tokens.append(outs[0].token_id)
+    monkeypatch.setattr(engine, "_forward", real_forward)
+    while len(tokens) < 4:
+        tokens.append(engine.step()[0].token_id)
+    assert tokens == reference(model, list(first.prompt_ids), 4)
+    assert engine.running_ids == (0,)
