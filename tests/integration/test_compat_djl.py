@@ -482,6 +482,7 @@ def test_init_with_djl_injected_formatters(djl_io: tuple[type, type], tmp_path: 
     materialize(MODELS["hf-custom"], tiny_dir.resolve(), tmp_path)
     model_dir = tmp_path / "hf-custom"
     sys.path.insert(0, str(model_dir))
+    sys.modules.pop("model", None)  # another test's model.py may already be imported under this name
     try:
         user = importlib.import_module("model")
     finally:
