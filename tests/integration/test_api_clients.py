@@ -91,7 +91,8 @@ def test_tgi_client_text_generation(server: ServerProcess) -> None:
     assert out.details.finish_reason in ("length", "eos_token", "stop_sequence")
     assert "".join(t.text for t in out.details.tokens) == out.generated_text
     with httpx.Client(base_url=server.url, timeout=60) as http:
-        lmi = http.post("/invocations", json={"inputs": "The capital of France is", "parameters": {"max_new_tokens": 6}})
+        body = {"inputs": "The capital of France is", "parameters": {"max_new_tokens": 6}}
+        lmi = http.post("/invocations", json=body)
     assert lmi.json()["generated_text"] == out.generated_text
 
 
@@ -109,9 +110,10 @@ def test_tgi_client_stream_with_details(server: ServerProcess) -> None:
 
 def test_generate_stream_plain_sse(server: ServerProcess) -> None:
     body = {"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4}}
-    with httpx.Client(base_url=server.url, timeout=60) as http, http.stream("POST", "/generate_stream", json=body) as res:
-        assert res.headers["content-type"].startswith("text/event-stream")
-        raw = "".join(res.iter_text())
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/generate_stream", json=body) as res:
+            assert res.headers["content-type"].startswith("text/event-stream")
+            raw = "".join(res.iter_text())
     events = [json.loads(block.split(":", 1)[1]) for block in raw.split("\n\n") if block.strip()]
     assert len(events) == 4
     assert events[-1]["generated_text"] == "".join(e["token"]["text"] for e in events)

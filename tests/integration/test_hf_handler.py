@@ -103,7 +103,7 @@ def test_greedy_equals_generate_for_requests_joining_at_different_steps(
     driver.step()
     reqs.append(driver.submit(json_request({"inputs": PROMPTS[2], "parameters": {"max_new_tokens": budgets[2]}})))
     driver.run()
-    for prompt, n, req in zip(PROMPTS, budgets, reqs):
+    for prompt, n, req in zip(PROMPTS, budgets, reqs, strict=True):
         assert json.loads(req.text)["generated_text"] == reference(prompt, n)
 
 

@@ -97,7 +97,8 @@ def test_tgi_route_shapes() -> None:
 
 def test_tgi_watermark_rejected() -> None:
     driver = driver_for(FakeEngine())
-    req = driver.submit(json_request({"inputs": "x", "parameters": {"watermark": True}}, **{"X-Djl-Handlers-Api": "tgi"}))
+    body = {"inputs": "x", "parameters": {"watermark": True}}
+    req = driver.submit(json_request(body, **{"X-Djl-Handlers-Api": "tgi"}))
     driver.run()
     assert req.code == 400 and "watermark" in (req.error or "")
 
