@@ -30,6 +30,12 @@ class StepOutput:
 
     Exactly one of ``token_id`` or ``error`` is meaningful. ``text``/``finish_reason`` are set
     only by engines that detokenize / stop on their own.
+
+    Optional extras, filled only for requests that asked for them:
+    ``prompt_logprobs`` (``decoder_input_details``), on a request's first output only: one entry
+    per prompt token, the log-prob of that token given the ones before it (the first is None);
+    ``top_tokens`` (``top_n_tokens``): the N most likely ``(token_id, log_prob)`` of the
+    distribution this token's ``log_prob`` comes from, most likely first.
     """
 
     request_id: int
@@ -38,6 +44,8 @@ class StepOutput:
     text: Optional[str] = None
     finish_reason: Optional[str] = None
     error: Optional[str] = None
+    prompt_logprobs: Optional[Sequence[Optional[float]]] = None
+    top_tokens: Optional[Sequence[tuple[int, float]]] = None
 
 
 class Tokenizer(Protocol):
