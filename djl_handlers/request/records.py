@@ -64,12 +64,20 @@ class RequestOutput:
 
     ``tokens`` holds every token so far; ``new_tokens`` those added by the current step
     (empty on a step that produced nothing for this request).
+
+    ``prefill`` (only with ``parameters.decoder_input_details``): one token per prompt token,
+    ``log_prob`` = its log-probability given the tokens before it (None for the first).
+    ``top_tokens`` (only with ``parameters.top_n_tokens``): one list per entry of ``tokens``,
+    the N most likely tokens of that step's distribution, most likely first (empty when the
+    engine reported none).
     """
 
     request: Request
     prompt_tokens: int = 0
     tokens: list[Token] = field(default_factory=list)
     new_tokens: list[Token] = field(default_factory=list)
+    prefill: list[Token] = field(default_factory=list)
+    top_tokens: list[list[Token]] = field(default_factory=list)
     finished: bool = False
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
