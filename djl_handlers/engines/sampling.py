@@ -94,19 +94,27 @@ class RowSampling:
 
 @dataclass
 class SampleResult:
-    """Chosen tokens, their log-probs (model distribution) and per-row errors (None = ok)."""
+    """Chosen tokens, their log-probs (model distribution) and per-row errors (None = ok).
+
+    ``top_tokens`` (only when ``sample_batch`` got ``top_n``): per row, the ``top_n[i]`` most
+    likely ``(token_id, log_prob)`` of the same distribution, or None for rows that asked for none.
+    """
 
     tokens: list[int]
     log_probs: list[float]
     errors: list[str | None] = field(default_factory=list)
+    top_tokens: list[list[tuple[int, float]] | None] | None = None
 
 
-def sample_batch(logits: torch.Tensor, rows: Sequence[RowSampling]) -> SampleResult:
+def sample_batch(
+    logits: torch.Tensor, rows: Sequence[RowSampling], top_n: Sequence[int] | None = None
+) -> SampleResult:
     """Pick one token per row of ``logits`` ([batch, vocab]) according to ``rows``.
 
     A failure confined to one row (non-finite logits, an error in its processing) gives that row
     an error message and token -1; the other rows are unaffected. ``observe`` is called for every
-    row that got a token.
+    row that got a token. ``top_n`` (one count per row, 0 = none) also returns each asking row's
+    most likely tokens with log-probs from the same ``log_softmax`` as ``log_probs``.
     """
     logits = logits.float()
     tokens = logits.argmax(dim=-1)
@@ -134,7 +142,31 @@ def sample_batch(logits: torch.Tensor, rows: Sequence[RowSampling]) -> SampleRes
             token_list[i], log_probs[i] = -1, float("nan")
         else:
             rows[i].observe(token_list[i])
-    return SampleResult(token_list, log_probs, errors)
+    result = SampleResult(token_list, log_probs, errors)
+    if top_n is not None:
+        result.top_tokens = top_log_probs(logits, log_z, top_n)
+    return result
+
+
+def top_log_probs(
+    logits: torch.Tensor, log_z: torch.Tensor, top_n: Sequence[int]
+) -> list[list[tuple[int, float]] | None]:
+    """Per row, the ``top_n[i]`` largest ``(token_id, logit - log_z)`` (None where ``top_n[i]`` is 0).
+
+    Only rows that ask are computed (one ``topk`` over those rows).
+    """
+    result: list[list[tuple[int, float]] | None] = [None] * len(top_n)
+    asking = [i for i, n in enumerate(top_n) if n > 0]
+    if not asking:
+        return result
+    idx = torch.tensor(asking, dtype=torch.long, device=logits.device)
+    k = min(max(top_n[i] for i in asking), logits.shape[-1])
+    values, ids = torch.topk(logits[idx], k, dim=-1)
+    lps = (values - log_z[idx].unsqueeze(1)).tolist()
+    for j, i in enumerate(asking):
+        n = top_n[i]
+        result[i] = list(zip(ids[j, :n].tolist(), lps[j][:n], strict=True))
+    return result
 
 
 def _select(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
