@@ -1,5 +1,5 @@
 # The README's two commands: `make serve` (set up + serve the default model) and `make test`.
-.PHONY: setup serve test lint bench robustness serve-djl docker
+.PHONY: setup setup-vllm serve test lint bench robustness serve-djl docker
 
 setup:
 	bash scripts/setup.sh
@@ -8,7 +8,14 @@ serve: setup
 	.venv/bin/djl-handlers serve $(MODEL_DIR)
 
 test:
-	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm_cpu
+	@if [ -x .venv-vllm/bin/python ]; then \
+	  echo "real vLLM on CPU (.venv-vllm):"; \
+	  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm_cpu; \
+	else echo "tests/vllm_cpu skipped: run 'make setup-vllm' to create .venv-vllm"; fi
+
+setup-vllm:
+	bash scripts/setup_vllm_cpu.sh
 
 lint:
 	.venv/bin/ruff check djl_handlers tests benchmarks
