@@ -53,8 +53,8 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> 
             raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", field="messages")
         if not isinstance(msg.get("content"), str):
             raise InvalidRequest(f"messages[{i}].content must be a string", field="messages")
-        _check_text(msg["content"], "messages")
-        _check_text(msg["role"], "messages")
+        check_text(msg["content"], "messages")
+        check_text(msg["role"], "messages")
     if chat_template is None:
         raise InvalidRequest(
             "this model has no chat template, so chat requests are not supported; send 'inputs' or 'prompt'",
@@ -78,7 +78,7 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request)", field="prompt")
-    _check_text(prompt, "prompt")
+    check_text(prompt, "prompt")
     if body.get("best_of") not in (None, 1):
         raise InvalidParameter("best_of must be 1 (one sequence per request)", field="best_of")
     logprobs = body.get("logprobs")
@@ -140,12 +140,14 @@ def _reject_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
         raise InvalidRequest(f"unsupported field(s) {unknown}", field=unknown[0])
 
 
-def _check_text(value: str, name: str) -> None:
+def check_text(value: str, name: str) -> str:
+    """Reject strings that are not valid Unicode text (lone surrogates from JSON escapes)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidRequest(f"{name} contains an invalid character at position {exc.start} "
                              "(a lone UTF-16 surrogate)", field=name) from None
+    return value
 
 
 def _bool(value: Any, name: str) -> bool:

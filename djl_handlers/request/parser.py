@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
 from djl_handlers.params.generation import GenerationParameters
-from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, completion_to_lmi
+from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
 from djl_handlers.request.records import CustomFormatter, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
@@ -167,18 +167,11 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     if not params.get("decoder_input_details"):
         params.pop("decoder_input_details", None)
     stream = stream or _check_bool(body.get("stream", False), "stream")
+    if stream and params.get("decoder_input_details"):  # as TGI: prefill details are never streamed
+        raise InvalidParameter("decoder_input_details is not supported when streaming tokens",
+                               field="decoder_input_details")
     params["output_formatter"] = "tgi_stream" if stream else "tgi"
     return {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
-
-
-def check_text(value: str, name: str) -> str:
-    """Reject strings that are not valid Unicode text (lone surrogates from JSON escapes)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"{name} contains an invalid character at position {exc.start} "
-                             "(a lone UTF-16 surrogate)", field=name) from None
-    return value
 
 
 def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:
