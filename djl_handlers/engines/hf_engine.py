@@ -19,6 +19,10 @@ every row gets explicit position ids. The engine never finishes a row itself; th
 ``StepOutput(error=...)`` and is dropped.
 
 Log-probs: see :mod:`djl_handlers.engines.sampling` (model distribution, before processing).
+Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
+(``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
+first output (``StepOutput.prompt_logprobs``), from the final hidden states of the same prefill
+forward (captured by a hook, so the sampled first token is computed exactly as without it).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from djl_handlers.engines.hf_batch import (
     static_outputs,
     uses_plain_layers,
 )
-from djl_handlers.engines.sampling import RowSampling, sample_batch
+from djl_handlers.engines.sampling import RowSampling, prompt_log_probs, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
 
 LOG = logging.getLogger(__name__)
@@ -54,6 +58,8 @@ class _Row:
     request: EngineRequest
     sampling: RowSampling
     done: bool = False  # released or failed: dropped at the next compaction
+    prompt_lp: bool = False  # decoder_input_details: report the prompt tokens' log-probs
+    top_n: int = 0  # top_n_tokens: report this many most likely tokens per step
 
 
 @dataclass
@@ -63,6 +69,7 @@ class _Partial:
     row: _Row
     cache: Any
     offset: int = 0
+    prompt_lps: list[float | None] | None = None  # decoder_input_details: filled chunk by chunk
 
 
 class HFEngine:
@@ -151,7 +158,10 @@ class HFEngine:
             raise ValueError(f"request id {request.request_id} is already in the engine")
         sampling = RowSampling.from_params(request.params, request.prompt_ids, self._vocab, self.eos_token_ids)
         self._ids.add(request.request_id)
-        self._queue.append(_Row(request, sampling))
+        row = _Row(request, sampling)
+        row.prompt_lp = bool(getattr(request.params, "decoder_input_details", False))
+        row.top_n = int(getattr(request.params, "top_n_tokens", 0) or 0)
+        self._queue.append(row)
 
     def step(self) -> list[StepOutput]:
         """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
@@ -271,6 +281,47 @@ class HFEngine:
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
         return out.logits[:, -1, :].float()
 
+    def _forward_capturing(
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``_forward`` that also returns the final hidden states [batch, len, H] (the decoder's
+        output, captured by a forward hook; the logits are computed exactly as ``_forward``).
+        The hidden states are None when the output head applied to them does not reproduce the
+        model's logits (a model that scales or caps its logits): the prompt log-probs are then
+        unknown rather than wrong."""
+        captured: list[torch.Tensor] = []
+        decoder = self.model.base_model
+        handle = decoder.register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+        try:
+            logits = self._forward(ids, mask, pos, cache)
+        finally:
+            handle.remove()
+        hidden = captured[-1] if captured else None
+        if hidden is not None:
+            check = self.model.get_output_embeddings()(hidden[:, -1:, :])[:, -1].float()
+            if not torch.allclose(check, logits, rtol=1e-3, atol=1e-3):
+                hidden = None
+        if hidden is None:
+            LOG.warning("%s: prompt log-probs are not available (its logits are not lm_head(hidden))",
+                        type(self.model).__name__)
+        return logits, hidden
+
+    def _prompt_lps(
+        self,
+        hidden: torch.Tensor | None,
+        row: int,
+        start: int,
+        stop: int,
+        targets: Sequence[int],
+        prefix: list[float | None],
+    ) -> list[float | None]:
+        """``prefix`` + the log-probs of ``targets`` predicted by ``hidden[row, start:stop]``
+        (None for each when the hidden states are unknown)."""
+        if hidden is None or stop <= start:
+            return prefix + [None] * max(0, stop - start)
+        head = self.model.get_output_embeddings()
+        return prefix + prompt_log_probs(head, hidden[row, start:stop], list(targets)[: stop - start])
+
     def _compact(self) -> list[StepOutput]:
         """Drop done rows and the common left padding; fail rows that cannot grow any more."""
         batch = self._batch
@@ -305,20 +356,33 @@ class HFEngine:
         batch.pos = batch.pos + 1
         return self._emit(logits, batch.rows, batch)
 
-    def _emit(self, logits: torch.Tensor, rows: list[_Row], batch: KVBatch | None) -> list[StepOutput]:
-        """Sample one token per row, store it as pending (if ``batch``), build the outputs."""
-        result = sample_batch(logits, [row.sampling for row in rows])
+    def _emit(
+        self,
+        logits: torch.Tensor,
+        rows: list[_Row],
+        batch: KVBatch | None,
+        prompt_lps: list[list[float | None] | None] | None = None,
+    ) -> list[StepOutput]:
+        """Sample one token per row, store it as pending (if ``batch``), build the outputs
+        (with ``prompt_lps[i]`` and top tokens for the rows that asked for them)."""
+        top_n = [row.top_n for row in rows] if any(row.top_n for row in rows) else None
+        result = sample_batch(logits, [row.sampling for row in rows], top_n)
+        tops = result.top_tokens
         if batch is not None:
             batch.pending = torch.tensor(result.tokens, dtype=torch.long, device=self.device).clamp(min=0)
         outputs = []
-        for row, tok, lp, err in zip(rows, result.tokens, result.log_probs, result.errors, strict=True):
+        for i, (row, tok, lp, err) in enumerate(
+            zip(rows, result.tokens, result.log_probs, result.errors, strict=True)
+        ):
             rid = row.request.request_id
             if err is not None:
                 row.done = True
                 self._ids.discard(rid)
                 outputs.append(StepOutput(rid, error=err))
             else:
-                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp))
+                prompt = prompt_lps[i] if prompt_lps is not None else None
+                top = tops[i] if tops is not None else None
+                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top))
         return outputs
 
     def _prefill(self) -> list[StepOutput]:
@@ -365,13 +429,23 @@ class HFEngine:
             ids, mask = ids.to(self.device), mask.to(self.device)
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
             cache = self._new_cache()
-            logits = self._forward(ids, mask, pos, cache)
+            prompt_lps = None
+            if any(r.prompt_lp for r in group):
+                logits, hidden = self._forward_capturing(ids, mask, pos, cache)
+                width = ids.shape[1]
+                prompt_lps = [
+                    self._prompt_lps(hidden, i, width - n, width - 1, r.request.prompt_ids[1:], [None])
+                    if r.prompt_lp else None
+                    for i, (r, n) in enumerate(zip(group, lengths, strict=True))
+                ]
+            else:
+                logits = self._forward(ids, mask, pos, cache)
         except Exception as exc:  # noqa: BLE001 - isolate the group
             LOG.exception("prefill of %d request(s) failed", len(group))
             return self._fail_rows(group, f"prefill failed: {type(exc).__name__}: {exc}")
         new = KVBatch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
         new.rows = list(group)
-        outputs = self._emit(logits, new.rows, new)
+        outputs = self._emit(logits, new.rows, new, prompt_lps)
         self._merge(new)
         return outputs
 
@@ -391,7 +465,14 @@ class HFEngine:
         mask = torch.ones((1, end), dtype=torch.long, device=self.device)
         pos = torch.arange(part.offset, end, device=self.device).unsqueeze(0)
         try:
-            logits = self._forward(ids, mask, pos, part.cache)
+            if part.row.prompt_lp:
+                logits, hidden = self._forward_capturing(ids, mask, pos, part.cache)
+                # position j predicts token j + 1: the chunk's last position predicts the next
+                # chunk's first token, or (last chunk) is the first generated token's logits.
+                targets = prompt[part.offset + 1 : end + 1]
+                part.prompt_lps = self._prompt_lps(hidden, 0, 0, len(targets), targets, part.prompt_lps or [None])
+            else:
+                logits = self._forward(ids, mask, pos, part.cache)
         except Exception as exc:  # noqa: BLE001 - isolate this request
             LOG.exception("chunked prefill of request %s failed", part.row.request.request_id)
             self._partial = None
@@ -401,7 +482,7 @@ class HFEngine:
             return [], budget - len(chunk)
         self._partial = None
         new = KVBatch(part.cache, mask, torch.tensor([end], device=self.device), ids[:, 0], [part.row])
-        outputs = self._emit(logits, new.rows, new)
+        outputs = self._emit(logits, new.rows, new, [part.prompt_lps] if part.row.prompt_lp else None)
         self._merge(new)
         return outputs, budget - len(chunk)
 
