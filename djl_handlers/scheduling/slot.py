@@ -46,6 +46,11 @@ class RequestSlot:
         self._eos = frozenset() if getattr(params, "ignore_eos_token", False) else eos_token_ids
         self._stops = StopSequenceMatcher(params.stop_sequences or ())
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
+        self._prompt_ids = prompt_ids
+        self._tokenizer = tokenizer
+        self._top_n = int(getattr(params, "top_n_tokens", 0) or 0)
+        self._special_ids: Optional[frozenset[int]] = None  # built on first use (prefill/top tokens)
+        self._eos_ids = eos_token_ids
 
     # -- state changes -------------------------------------------------------------------------
     @property
@@ -92,7 +97,24 @@ class RequestSlot:
         token = Token(step.token_id, text, step.log_prob, special=is_eos)
         self.output.tokens.append(token)
         self.output.new_tokens.append(token)
+        if step.prompt_logprobs is not None:
+            self.output.prefill = self._prefill_tokens(step.prompt_logprobs)
+        if self._top_n:
+            self.output.top_tokens.append([self._lone_token(t, lp) for t, lp in step.top_tokens or ()])
         self._check_stop(step, is_eos)
+
+    def _lone_token(self, token_id: int, log_prob: Optional[float]) -> Token:
+        """A token decoded on its own (prompt and top tokens: no surrounding context)."""
+        if self._special_ids is None:
+            extra = getattr(self._tokenizer, "all_special_ids", None) or ()
+            self._special_ids = self._eos_ids | frozenset(int(i) for i in extra)
+        text = self._tokenizer.decode([token_id], skip_special_tokens=False) if self._tokenizer else ""
+        return Token(token_id, text, log_prob, special=token_id in self._special_ids)
+
+    def _prefill_tokens(self, log_probs: Sequence[Optional[float]]) -> list[Token]:
+        """``details.prefill``: one token per prompt token with its log-prob (None when unknown)."""
+        lps = list(log_probs) + [None] * max(0, len(self._prompt_ids) - len(log_probs))
+        return [self._lone_token(tid, lp) for tid, lp in zip(self._prompt_ids, lps, strict=False)]
 
     def _check_stop(self, step: StepOutput, is_eos: bool) -> None:
         if step.finish_reason is not None:
