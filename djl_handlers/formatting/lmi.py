@@ -77,6 +77,25 @@ def lmi_token(token: Token) -> dict[str, Any]:
     return out
 
 
+def lmi_prefill_token(token: Token) -> dict[str, Any]:
+    """A ``details.prefill`` entry: the LMI token object with ``log_prob`` always present (null
+    for the first prompt token, which has no log-prob, as LMI v0.29+ and TGI write it)."""
+    out: dict[str, Any] = {"id": [token.id], "text": token.text, "log_prob": finite(token.log_prob)}
+    if token.special:
+        out["special_token"] = True
+    return out
+
+
+def wants_prefill(out: RequestOutput) -> bool:
+    """True when the client asked for ``parameters.decoder_input_details``."""
+    return bool(getattr(out.request.params, "decoder_input_details", False))
+
+
+def wants_top_tokens(out: RequestOutput) -> bool:
+    """True when the client asked for ``parameters.top_n_tokens`` > 0."""
+    return bool(getattr(out.request.params, "top_n_tokens", 0))
+
+
 def is_error(out: RequestOutput) -> bool:
     """True when the request ended in failure."""
     return out.error is not None or out.finish_reason == "error"
@@ -130,7 +149,11 @@ def step_events(out: RequestOutput) -> Iterator[tuple[int, Token, bool]]:
 
 
 def lmi_details(out: RequestOutput, *, include_tokens: bool) -> dict[str, Any]:
-    """``details`` object: finish_reason, generated_tokens, inputs[, tokens]."""
+    """``details`` object: finish_reason, generated_tokens, inputs[, tokens][, prefill][, top_tokens].
+
+    ``prefill`` (with ``decoder_input_details``) and ``top_tokens`` (with ``top_n_tokens``, one
+    list per generated token) as LMI v0.29+ adds them, in the stream's closing details too.
+    """
     details: dict[str, Any] = {
         "finish_reason": finish_reason(out),
         "generated_tokens": len(out.tokens),
@@ -138,6 +161,10 @@ def lmi_details(out: RequestOutput, *, include_tokens: bool) -> dict[str, Any]:
     }
     if include_tokens:
         details["tokens"] = [lmi_token(t) for t in out.tokens]
+    if wants_prefill(out):
+        details["prefill"] = [lmi_prefill_token(t) for t in out.prefill]
+    if wants_top_tokens(out):
+        details["top_tokens"] = [[lmi_token(t) for t in top] for top in out.top_tokens]
     return details
 
 

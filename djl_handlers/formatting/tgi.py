@@ -6,8 +6,11 @@ JSON as serde writes it, and SSE events written ``data:{json}\\n\\n`` (no space,
 
 - ``tgi``: ``[{"generated_text", "details"?}]``: the object wrapped in a one-element list, as
   TGI's ``/`` route and DJL's ``tgi_compat`` do; ``details`` (when ``parameters.details``) is
-  ``{"finish_reason", "generated_tokens", "seed", "prefill": [], "tokens": [...]}``.
-- ``tgi_stream``: one event per token ``{"index", "token", "generated_text", "details"}``;
+  ``{"finish_reason", "generated_tokens", "seed", "prefill", "tokens"[, "top_tokens"]}``;
+  ``prefill`` lists the prompt tokens ``{"id", "text", "logprob"}`` with
+  ``decoder_input_details`` (else ``[]``); ``top_tokens`` (one list per token) only with
+  ``top_n_tokens``, as TGI omits it when empty.
+- ``tgi_stream``: one event per token ``{"index", "token"[, "top_tokens"], "generated_text", "details"}``;
   ``index`` counts tokens from 1; ``generated_text``/``details`` are null except on the last
   event (``details`` = ``{"finish_reason", "generated_tokens", "seed", "input_length"}`` when
   details were asked for).
@@ -28,6 +31,8 @@ from djl_handlers.formatting.lmi import (
     is_error,
     step_events,
     wants_details,
+    wants_prefill,
+    wants_top_tokens,
 )
 from djl_handlers.request.records import RequestOutput, Token
 
@@ -35,6 +40,18 @@ from djl_handlers.request.records import RequestOutput, Token
 def tgi_token(token: Token) -> dict[str, Any]:
     """TGI token ``{"id", "text", "logprob", "special"}`` (logprob null when unknown)."""
     return {"id": token.id, "text": token.text, "logprob": finite(token.log_prob), "special": token.special}
+
+
+def tgi_prefill_token(token: Token) -> dict[str, Any]:
+    """TGI ``PrefillToken`` ``{"id", "text", "logprob"}`` (null for the first prompt token)."""
+    return {"id": token.id, "text": token.text, "logprob": finite(token.log_prob)}
+
+
+def tgi_top_tokens(out: RequestOutput, index: int) -> list[dict[str, Any]]:
+    """The top tokens of generated token ``index`` (empty when none were asked for or reported)."""
+    if index >= len(out.top_tokens):
+        return []
+    return [tgi_token(t) for t in out.top_tokens[index]]
 
 
 def tgi_seed(out: RequestOutput) -> Optional[int]:
@@ -66,13 +83,16 @@ class TgiFormatter(Formatter):
             return dumps_compact(tgi_error(out))
         body: dict[str, Any] = {"generated_text": out.full_text}
         if wants_details(out):
-            body["details"] = {
+            details: dict[str, Any] = {
                 "finish_reason": out.finish_reason,
                 "generated_tokens": len(out.tokens),
                 "seed": tgi_seed(out),
-                "prefill": [],
+                "prefill": [tgi_prefill_token(t) for t in out.prefill] if wants_prefill(out) else [],
                 "tokens": [tgi_token(t) for t in out.tokens],
             }
+            if wants_top_tokens(out) and out.top_tokens:
+                details["top_tokens"] = [[tgi_token(t) for t in top] for top in out.top_tokens]
+            body["details"] = details
         return dumps_compact([body])
 
 
@@ -99,10 +119,10 @@ class TgiStreamFormatter(Formatter):
                 "seed": tgi_seed(out),
                 "input_length": out.prompt_tokens,
             }
-        event = {
-            "index": index + 1,
-            "token": tgi_token(token),
-            "generated_text": out.full_text if closing else None,
-            "details": details,
-        }
+        event: dict[str, Any] = {"index": index + 1, "token": tgi_token(token)}
+        top = tgi_top_tokens(out, index) if wants_top_tokens(out) else []
+        if top:  # TGI omits an empty list
+            event["top_tokens"] = top
+        event["generated_text"] = out.full_text if closing else None
+        event["details"] = details
         return f"data:{dumps_compact(event)}\n\n"
