@@ -108,6 +108,29 @@ def test_tgi_client_stream_with_details(server: ServerProcess) -> None:
     assert events[-1].details is not None and events[-1].details.generated_tokens == len(events)
 
 
+@pytest.mark.usefixtures("hub_online_for_loopback")
+def test_tgi_client_prefill_and_top_tokens(server: ServerProcess) -> None:
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(base_url=server.url)
+    prompt = "The capital of France is"
+    out = client.text_generation(prompt, max_new_tokens=4, details=True, decoder_input_details=True, top_n_tokens=2)
+    details = out.details
+    assert details is not None and details.top_tokens is not None
+    assert "".join(t.text for t in details.prefill) == prompt
+    assert details.prefill[0].logprob is None
+    assert all(t.logprob is not None and t.logprob <= 0 for t in details.prefill[1:])
+    assert len(details.top_tokens) == details.generated_tokens == len(details.tokens)
+    for token, top in zip(details.tokens, details.top_tokens, strict=True):
+        # huggingface_hub leaves the inner lists of top_tokens as plain dicts
+        first, second = (t if isinstance(t, dict) else vars(t) for t in top)
+        assert first["id"] == token.id and first["logprob"] == token.logprob  # greedy: the chosen token
+        assert second["logprob"] <= first["logprob"]
+    events = list(client.text_generation(prompt, max_new_tokens=4, top_n_tokens=2, details=True, stream=True))
+    assert [e.token.id for e in events] == [t.id for t in details.tokens]
+    assert all(e.top_tokens is not None and len(e.top_tokens) == 2 for e in events)
+
+
 def test_generate_stream_plain_sse(server: ServerProcess) -> None:
     body = {"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4}}
     with httpx.Client(base_url=server.url, timeout=60) as http:

@@ -137,7 +137,10 @@ def finished_output(**params: Any) -> RequestOutput:
     out.prefill = [Token(10, "Hi", None), Token(11, " you", -2.5)]
     out.tokens = [Token(5, " there", -0.5), Token(6, "!", -0.25)]
     out.new_tokens = list(out.tokens)
-    out.top_tokens = [[Token(5, " there", -0.5), Token(7, " all", -1.5)], [Token(6, "!", -0.25), Token(0, "", -3.0, True)]]
+    out.top_tokens = [
+        [Token(5, " there", -0.5), Token(7, " all", -1.5)],
+        [Token(6, "!", -0.25), Token(0, "", -3.0, True)],
+    ]
     out.finished, out.finish_reason = True, "length"
     return out
 
@@ -176,7 +179,10 @@ def test_tgi_details_prefill_and_top_tokens() -> None:
     body = json.loads(get_formatter("tgi", stream=False)(
         finished_output(details=True, decoder_input_details=True, top_n_tokens=2)))
     details = body[0]["details"]
-    assert details["prefill"] == [{"id": 10, "text": "Hi", "logprob": None}, {"id": 11, "text": " you", "logprob": -2.5}]
+    assert details["prefill"] == [
+        {"id": 10, "text": "Hi", "logprob": None},
+        {"id": 11, "text": " you", "logprob": -2.5},
+    ]
     assert details["top_tokens"][1] == [
         {"id": 6, "text": "!", "logprob": -0.25, "special": False},
         {"id": 0, "text": "", "logprob": -3.0, "special": True},
