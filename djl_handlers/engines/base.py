@@ -7,8 +7,9 @@ return bare token ids; engines that stop and detokenize themselves (vLLM, Tensor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 if TYPE_CHECKING:
     from djl_handlers.params.generation import GenerationParameters
@@ -20,7 +21,7 @@ class EngineRequest:
 
     request_id: int
     prompt_ids: Sequence[int]
-    params: "GenerationParameters"
+    params: GenerationParameters
     prompt: str = ""
 
 
