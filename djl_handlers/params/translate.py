@@ -55,8 +55,8 @@ _TABLE: Mapping[str, str] = {
     "spaces_between_special_tokens": "UUNNN",
     "min_length": "UUNUU",
     "bad_sequences": "UUNNN",
-    "decoder_input_details": "NNUNN",
-    "top_n_tokens": "NNUNN",
+    "decoder_input_details": "NNUUU",  # the vLLM adapter does not report prompt/top log-probs yet
+    "top_n_tokens": "NNUUU",
     "best_of": "UUUUU",
     "n": "UUUUU",
     "min_new_tokens": "NNNNN",

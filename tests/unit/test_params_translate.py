@@ -10,6 +10,7 @@ from types import ModuleType
 
 import pytest
 
+from djl_handlers.errors import InvalidParameter
 from djl_handlers.params import GenerationParameters, to_deepspeed, to_hf, to_trtllm, to_vllm, translate
 from djl_handlers.params.translate import ENGINES, SUPPORT, known_parameters, supported_parameters
 
@@ -86,7 +87,12 @@ def test_to_vllm_full_request_builds_sampling_params() -> None:
 
 
 def test_to_vllm_decoder_input_details_and_top_n_tokens() -> None:
-    kwargs = to_vllm(gp({"decoder_input_details": True, "top_n_tokens": 5}, "lmi-dist"))
+    # Rejected at validation until the adapter reports them (see docs/parameters.md) ...
+    with pytest.raises(InvalidParameter, match="not supported by engine lmi-dist"):
+        gp({"decoder_input_details": True}, "lmi-dist")
+    # ... while the pure translation already knows vLLM's names.
+    params = GenerationParameters(decoder_input_details=True, top_n_tokens=5, engine="lmi-dist")
+    kwargs = to_vllm(params)
     assert kwargs["prompt_logprobs"] == 1 and kwargs["logprobs"] == 5
 
 
