@@ -26,7 +26,7 @@ HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors",
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4"]
 EXTRAS = {
     "hf": HF,
-    "deepspeed": HF + ["deepspeed>=0.15"],
+    "deepspeed": HF + ["deepspeed>=0.19,<0.20"],
     "vllm": ["vllm"],
     "trtllm": ["tensorrt_llm"],
     "server": SERVER,

