@@ -1,72 +1,119 @@
-"""``python -m benchmarks [--n 32] [--quick]``: engine throughput, printed as a table with ratios,
-written to docs/benchmarks.json (and a PNG plot when matplotlib is installed)."""
+"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,all} [--quick]``.
+
+Each subcommand prints its tables and writes ``docs/benchmarks-<name>.json`` (``-quick.json``
+for ``--quick``, which finishes in under two minutes and draws no PNG) and, for full runs, a PNG
+plot. ``robustness`` lives in ``python -m benchmarks.robustness``. See docs/benchmarks.md.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+from benchmarks.common import context, print_table, pyplot, save_png, setup_torch, write_report
+
+
+def _engine(args: argparse.Namespace) -> None:
+    from benchmarks import engine_throughput as eng
+
+    started = context()
+    report = eng.run_benchmark(args.quick, n=args.n, rate=args.rate, issue8=args.issue8,
+                               skip_sequential=args.skip_sequential)
+    for arrival, block in report["arrivals"].items():
+        print_table(block["results"], ["mode", "tok_s", "tok_per_cpu_s", "tokens", "wall_s", "ttft_p50_s", "ttft_p99_s",
+                                       "itl_p50_ms", "itl_p99_ms", "mean_batch"], f"engine, {arrival}")
+        print(block["ratios"], {k: v for k, v in block.items() if k.startswith("identical")})
+    write_report("engine", report, args.quick, started)
+    plt = pyplot(args.quick)
+    if plt:
+        save_png(eng.plot(report, plt), "engine")
+
+
+def _limit(args: argparse.Namespace) -> None:
+    from benchmarks import limit
+
+    started = context()
+    report = limit.run_benchmark(args.quick)
+    print_table(report["rows"], ["batch", "context", "raw_step_ms", "ours_step_ms", "engine_step_ms",
+                                 "ours_vs_raw", "engine_vs_raw"], "limit: decode step at equal batch")
+    write_report("limit", report, args.quick, started)
+    plt = pyplot(args.quick)
+    if plt:
+        save_png(limit.plot(report, plt), "limit")
+
+
+def _overhead(args: argparse.Namespace) -> None:
+    from benchmarks import overhead
+
+    started = context()
+    report = overhead.run_benchmark(args.quick)
+    print_table(report["layers"], ["layer", "us_per_step", "pct_of_decode_step"], "per-step overhead, batch 16")
+    print(f"decode step (engine.step): {report['engine_step_ms']} ms; total overhead "
+          f"{report['total_overhead_pct']}% of it")
+    write_report("overhead", report, args.quick, started)
+
+
+def _server(args: argparse.Namespace) -> None:
+    from benchmarks import server
+
+    started = context()
+    report = server.run_benchmark(args.quick, djl=not args.no_djl, model=args.server_model)
+    for name, block in report["targets"].items():
+        print_table(block["rows"], ["front", "clients", "req_s", "tok_s", "ttft_p50_ms", "ttft_p99_ms",
+                                    "latency_p50_ms", "errors"], f"server: {name}")
+    print("added TTFT at 1 client (p50, ms):", report["added_ttft_ms"])
+    write_report("server", report, args.quick, started)
+    plt = pyplot(args.quick)
+    if plt:
+        save_png(server.plot(report, plt), "server")
+
+
+def _memory(args: argparse.Namespace) -> None:
+    from benchmarks import memory
+
+    started = context()
+    report = memory.run_benchmark(args.quick)
+    print_table(report["rows"], ["concurrent", "peak_rss_mib", "rss_per_request_mib", "kv_peak_mib",
+                                 "kv_per_request_mib", "kv_theory_per_request_mib"], "memory")
+    print({k: v for k, v in report.items() if k != "rows" and not isinstance(v, list)})
+    write_report("memory", report, args.quick, started)
+    plt = pyplot(args.quick)
+    if plt:
+        save_png(memory.plot(report, plt), "memory")
+
+
+def _profile(args: argparse.Namespace) -> None:
+    from benchmarks import profile
+
+    started = context()
+    report = profile.run_benchmark(args.quick)
+    print_table(report["inclusive"], ["frame", "pct"], "profile: inclusive share of samples")
+    write_report("profile", report, args.quick, started)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "memory": _memory,
+    "profile": _profile,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--n", type=int, default=32, help="number of requests")
-    parser.add_argument("--model", default=None, help="model dir (default: the embedded SmolLM2)")
-    parser.add_argument("--quick", action="store_true", help="8 short requests (smoke run)")
-    parser.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second (0: all at once)")
-    parser.add_argument("--skip-sequential", action="store_true")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    from benchmarks.engine_throughput import load_hf, ratios, run_rolling, run_sequential, run_static
-    from benchmarks.workload import mixed_workload
-    from djl_handlers.model.embedded import embedded_model_dir
-
-    model_dir = args.model or str(embedded_model_dir())
-    model, tok = load_hf(model_dir)
-    kw = {"prompt_range": (16, 64), "new_range": (8, 24)} if args.quick else {}
-    jobs = mixed_workload(tok, n=8 if args.quick else args.n, rate_per_s=args.rate, **kw)
-    results = {"rolling": run_rolling(model_dir, jobs)}
-    results["static"] = run_static(model, tok, jobs)
-    if not args.skip_sequential:
-        results["sequential"] = run_sequential(model, tok, jobs)
-    table = [r.summary() for r in results.values()]
-    report = {"requests": len(jobs), "prompt_tokens": sum(j.prompt_tokens for j in jobs),
-              "max_new_tokens": sum(j.max_new_tokens for j in jobs), "results": table,
-              "ratios": ratios(results)}
-    print(f"{'mode':32} {'tok/s':>8} {'tokens':>7} {'wall s':>8} {'ttft p50':>9} {'itl p50 ms':>10}")
-    for row in table:
-        print(f"{row['mode']:32} {row['tok_s']:8.1f} {row['tokens']:7d} {row['wall_s']:8.1f} "
-              f"{(row['ttft_p50_s'] or 0):9.2f} {row['itl_p50_ms']:10.1f}")
-    for k, v in report["ratios"].items():
-        print(f"{k}: {v}x")
-    DOCS.mkdir(exist_ok=True)
-    name = "benchmarks-quick" if args.quick else "benchmarks"
-    (DOCS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    _plot(table, DOCS / f"{name}.png")
+    """Parse the command line and run one benchmark, or all of them in sequence."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    parser.add_argument("command", nargs="?", default="engine", choices=[*COMMANDS, "all"])
+    parser.add_argument("--quick", action="store_true", help="short smoke run (< 2 min), no PNG")
+    parser.add_argument("--n", type=int, default=32, help="engine: number of requests")
+    parser.add_argument("--rate", type=float, default=1.0, help="engine: Poisson arrivals per second")
+    parser.add_argument("--issue8", action="store_true", help="engine: prompts 16-512, 8-256 new tokens")
+    parser.add_argument("--skip-sequential", action="store_true", help="engine: no sequential generate()")
+    parser.add_argument("--no-djl", action="store_true", help="server: skip DJL's Python engine")
+    parser.add_argument("--server-model", choices=["fake", "embedded", "both"], default="both")
+    args: Any = parser.parse_args(argv)
+    setup_torch()
+    for name in COMMANDS if args.command == "all" else [args.command]:
+        COMMANDS[name](args)
     return 0
-
-
-def _plot(table: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.barh([r["mode"] for r in table], [r["tok_s"] for r in table], color=["#2a7", "#888", "#bbb"][: len(table)])
-    ax.set_xlabel("generated tokens / s (fp32, 2 CPU threads)")
-    ax.set_title("Mixed workload throughput (higher is better)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""Shared helpers of the benchmark modules: torch set-up, percentiles, the machine context every
+JSON report carries (load average!), tables, JSON and PNG output into ``docs/``.
+
+Every figure a benchmark reports is meant to be read as a *ratio* taken side by side in one run;
+absolute numbers depend on a shared 2-core box and are context only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+THREADS = 2
+
+
+def setup_torch() -> None:
+    """Offline hub, 2 torch threads (the box has 2 cores shared with other jobs), and passive
+    OpenMP waiting: on a loaded box, spinning OpenMP workers make 2 threads 4-8x slower than 1
+    (a descheduled thread stalls its partner at every barrier); must be set before torch loads."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(min(THREADS, os.cpu_count() or 1))
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile (0..1, nearest rank) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def rnd(value: float | None, digits: int = 2) -> float | None:
+    """``round`` that lets None through."""
+    return None if value is None else round(value, digits)
+
+
+def context() -> dict[str, Any]:
+    """Machine and library facts, with the load average at the time of the call."""
+    info: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
+    try:
+        import torch
+        import transformers
+
+        info.update(torch=torch.__version__, transformers=transformers.__version__,
+                    torch_threads=torch.get_num_threads())
+    except ImportError:
+        pass
+    return info
+
+
+def write_report(name: str, report: dict[str, Any], quick: bool, started: dict[str, Any]) -> Path:
+    """Write ``docs/benchmarks-<name>[-quick].json`` with the context at start and end."""
+    report = {"benchmark": name, "quick": quick, "context_start": started, "context_end": context(), **report}
+    DOCS.mkdir(exist_ok=True)
+    path = DOCS / f"benchmarks-{name}{'-quick' if quick else ''}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {path.relative_to(ROOT)} (load average {started['loadavg']} -> {report['context_end']['loadavg']})")
+    return path
+
+
+def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str = "") -> None:
+    """A plain fixed-width table of ``columns`` from ``rows``."""
+    if title:
+        print(f"\n== {title}")
+
+    def cell(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
+    for row in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def pyplot(quick: bool) -> Any:
+    """matplotlib's pyplot (Agg backend), or None when not installed or in a quick run (no PNGs)."""
+    if quick:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def save_png(fig: Any, name: str) -> None:
+    """Save ``fig`` as ``docs/benchmarks-<name>.png`` (small: dpi 80) and close it."""
+    path = DOCS / f"benchmarks-{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    fig.clf()
+    print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KiB)")

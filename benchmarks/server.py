@@ -1,0 +1,270 @@
+"""Server: requests/s and latency of concurrent streaming clients through ``djl-handlers serve`` and
+through DJL's real Python engine (``djl_handlers.djl_server.DjlServer``; its HTTP front is the
+test-only stand-in ``PyEngineFront.java``), against ``handle()`` called in process with the same
+number of requests kept in flight.
+
+Two model directories: the fake engine (``tests/robustness/models/fake_lmi``, no step delay: the
+front end is all there is) and the embedded SmolLM2 fp32 with a short prompt and few new tokens.
+Clients are asyncio tasks on 127.0.0.1, each sending one streaming request after another for a
+fixed time; TTFT is measured to the first body byte. Bounded: ``duration`` s of submissions, then
+at most 60 s to drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, pct, rnd
+from djl_handlers.djl_server import free_port
+
+FAKE_DIR = ROOT / "tests" / "robustness" / "models" / "fake_lmi"
+PROMPT = "Deep learning is a branch of machine learning that trains neural networks with"
+
+
+@dataclass
+class Load:
+    """Latencies of one load level."""
+
+    front: str
+    clients: int
+    elapsed: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+    tokens: int = 0
+    errors: int = 0
+
+    def row(self) -> dict[str, Any]:
+        """Summary: req/s, tok/s, TTFT and latency percentiles (ms)."""
+        done = len(self.latency)
+        return {"front": self.front, "clients": self.clients, "requests": done, "errors": self.errors,
+                "req_s": rnd(done / self.elapsed, 1) if self.elapsed else None,
+                "tok_s": rnd(self.tokens / self.elapsed, 1) if self.elapsed else None,
+                "ttft_p50_ms": rnd(1000 * (pct(self.ttft, 0.5) or 0), 2),
+                "ttft_p99_ms": rnd(1000 * (pct(self.ttft, 0.99) or 0), 2),
+                "latency_p50_ms": rnd(1000 * (pct(self.latency, 0.5) or 0), 1),
+                "latency_p99_ms": rnd(1000 * (pct(self.latency, 0.99) or 0), 1)}
+
+
+def body(new_tokens: int) -> bytes:
+    """The streaming request every client sends."""
+    return json.dumps({"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": new_tokens}}).encode()
+
+
+async def _client(url: str, load: Load, payload: bytes, stop_at: float) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        while time.perf_counter() < stop_at:
+            t = time.perf_counter()
+            first, data = None, b""
+            try:
+                async with client.stream("POST", "/invocations", content=payload,
+                                         headers={"Content-Type": "application/json"}) as resp:
+                    async for chunk in resp.aiter_raw():
+                        if first is None and chunk:
+                            first = time.perf_counter() - t
+                        data += chunk
+                ok = resp.status_code == 200 and data.endswith(b"\n")
+            except Exception:  # noqa: BLE001 - counted
+                ok = False
+            if not ok or first is None:
+                load.errors += 1
+                continue
+            load.ttft.append(first)
+            load.latency.append(time.perf_counter() - t)
+            load.tokens += data.count(b"\n")
+
+
+def http_load(url: str, front: str, clients: int, duration: float, new_tokens: int) -> Load:
+    """``clients`` concurrent streaming clients for ``duration`` s."""
+    load = Load(front, clients)
+
+    async def main() -> None:
+        t0 = time.perf_counter()
+        tasks = [_client(url, load, body(new_tokens), t0 + duration) for _ in range(clients)]
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=duration + 60)
+        load.elapsed = time.perf_counter() - t0
+
+    asyncio.run(main())
+    return load
+
+
+def inprocess_load(handle: Any, clients: int, duration: float, new_tokens: int) -> Load:
+    """The same closed loop through ``handle()`` and DJL's Java loop emulation, no HTTP."""
+    from djl_handlers.testing.java_loop import DriverRequest, RollingBatchDriver
+
+    driver = RollingBatchDriver(handle)
+    load = Load("in-process handle()", clients)
+    started: dict[int, tuple[DriverRequest, float]] = {}
+    first: set[int] = set()
+    payload = body(new_tokens)
+    t0 = time.perf_counter()
+    stop_at = t0 + duration
+    while True:
+        now = time.perf_counter()
+        while now < stop_at and len(driver.active) < clients:
+            req = driver.submit(DriverRequest(payload, {"Content-Type": "application/json"}))
+            started[id(req)] = (req, now)
+        if not driver.active:
+            break
+        driver.step()
+        t = time.perf_counter()
+        for key, (req, begin) in list(started.items()):
+            if req.chunks and key not in first:
+                first.add(key)
+                load.ttft.append(t - begin)
+            if req.done:
+                del started[key]
+                first.discard(key)
+                load.latency.append(t - begin)
+                load.tokens += req.text.count("\n")
+                load.errors += req.code is not None
+    load.elapsed = time.perf_counter() - t0
+    return load
+
+
+def model_dirs(tmp: Path, which: str) -> dict[str, tuple[Path, int]]:
+    """Model directories (and max_new_tokens) for ``fake`` and/or ``embedded``."""
+    dirs: dict[str, tuple[Path, int]] = {}
+    if which in ("fake", "both"):
+        fake = tmp / "fake_lmi"
+        shutil.copytree(FAKE_DIR, fake)
+        props = (fake / "serving.properties").read_text().replace("option.fake_step_delay=0.002", "")
+        (fake / "serving.properties").write_text(props + "\nminWorkers=1\nmaxWorkers=1\n")
+        dirs["fake engine (front-end overhead)"] = (fake, 16)
+    if which in ("embedded", "both"):
+        from djl_handlers.model.embedded import embedded_model_dir
+
+        emb = tmp / "smollm2"
+        emb.mkdir()
+        (emb / "serving.properties").write_text(
+            "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
+            f"option.model_id={embedded_model_dir()}\noption.rolling_batch=auto\n"
+            "option.max_rolling_batch_size=64\noption.dtype=fp32\noption.predict_timeout=120\n"
+            "job_queue_size=1000\nminWorkers=1\nmaxWorkers=1\nload_on_devices=cpu\n")
+        dirs["SmolLM2-135M fp32, 8 new tokens"] = (emb, 8)
+    return dirs
+
+
+def _wait_ping(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url + "/ping", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        time.sleep(0.3)
+    raise RuntimeError("server did not answer /ping")
+
+
+@contextlib.contextmanager
+def ours(model_dir: Path) -> Iterator[str]:
+    """``djl-handlers serve model_dir`` on 127.0.0.1; yields its base URL."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, cwd=str(ROOT),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ping(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def djl(model_dir: Path) -> Iterator[str]:
+    """DJL's Python engine behind the test stand-in front end; yields its base URL."""
+    from djl_handlers.djl_server import DjlServer
+
+    with DjlServer(model_dir) as server:
+        yield server.url
+
+
+def in_process_handle(model_dir: Path) -> Any:
+    """The model directory's handler, loaded in this process, after its init call."""
+    from djl_handlers.server.settings import load_settings
+    from djl_handlers.testing.java_loop import RollingBatchDriver
+
+    settings = load_settings(model_dir)
+    entry = str(settings.entry_point or "")
+    if entry.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("bench_model", model_dir / entry)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        handle = module.handle
+    else:
+        from djl_handlers.service import InferenceService
+
+        handle = InferenceService("huggingface").handle
+    RollingBatchDriver(handle).init(settings.init_properties())
+    return handle
+
+
+def run_benchmark(quick: bool, djl: bool = True, model: str = "both") -> dict[str, Any]:
+    """Every model dir x front x client count; returns rows and the added TTFT at 1 client."""
+    levels, duration = ((1, 8), 3.0) if quick else ((1, 8, 32, 64), 10.0)
+    fronts: dict[str, Any] = {"djl-handlers serve": ours}
+    if djl:
+        fronts["DJL Python engine (stand-in HTTP)"] = globals()["djl"]
+    report: dict[str, Any] = {"duration_s": duration, "targets": {}, "added_ttft_ms": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-server") as tmp:
+        for name, (model_dir, new_tokens) in model_dirs(Path(tmp), "fake" if quick else model).items():
+            handle = in_process_handle(model_dir)
+            rows = [inprocess_load(handle, c, duration, new_tokens).row() for c in levels]
+            del handle
+            for front, start in fronts.items():
+                try:
+                    with start(model_dir) as url:
+                        http_load(url, front, 1, 1.0, new_tokens)  # warm-up
+                        rows += [http_load(url, front, c, duration, new_tokens).row() for c in levels]
+                except Exception as exc:  # noqa: BLE001 - report, go on with the others
+                    print(f"{front} on {name}: {exc}", flush=True)
+                    rows.append({"front": front, "clients": 0, "errors": repr(exc)[:200]})
+            report["targets"][name] = {"max_new_tokens": new_tokens, "rows": rows}
+            base = next(r for r in rows if r["front"].startswith("in-process") and r["clients"] == 1)
+            report["added_ttft_ms"][name] = {
+                r["front"]: rnd(r["ttft_p50_ms"] - base["ttft_p50_ms"], 2)
+                for r in rows if r["clients"] == 1 and not r["front"].startswith("in-process")}
+    return report
+
+
+def plot(report: dict[str, Any], plt: Any) -> Any:
+    """Requests/s by client count, one panel per model dir."""
+    names = list(report["targets"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        rows = [r for r in report["targets"][name]["rows"] if r.get("req_s")]
+        for front in dict.fromkeys(r["front"] for r in rows):
+            pts = [r for r in rows if r["front"] == front]
+            ax.plot([r["clients"] for r in pts], [r["req_s"] for r in pts], "o-", label=front)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streaming clients")
+        ax.set_ylabel("requests/s")
+        ax.set_title(name, fontsize=8)
+        ax.legend(fontsize=7)
+    return fig
