@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.errors import DjlHandlersError, error_body
+from djl_handlers.extensions import CANCEL_PROPERTY
 from djl_handlers.io.compat import new_output
 from djl_handlers.request.parser import ParserSettings, parse_request
 from djl_handlers.request.records import Request
@@ -22,7 +23,6 @@ from djl_handlers.scheduling.rolling import RollingBatch
 
 LOG = logging.getLogger(__name__)
 
-CANCEL_PROPERTY = "djl_handlers_cancel"
 EngineFactory = Callable[[Any], Any]
 
 

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
+from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
 from djl_handlers.request.records import CustomFormatter, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
-# Set by the local server's routes (/v1/chat/completions, /v1/completions, /generate, /generate_stream).
-API_PROPERTY = "X-Djl-Handlers-Api"
 TGI_NULL_ONLY = ("grammar", "adapter_id")
 META_PARAMETERS = ("stream", "output_formatter")
 

@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.io import wire
-from djl_handlers.request.parser import API_PROPERTY
 from djl_handlers.server.protocol import WorkerRequest
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
 from djl_handlers.server.sink import SinkResponse

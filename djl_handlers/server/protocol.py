@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from djl_handlers.extensions import CANCEL_PROPERTY
 from djl_handlers.io import wire
 
 __all__ = [
@@ -45,8 +46,6 @@ __all__ = [
     "split_batch",
 ]
 
-CANCEL_PROPERTY = "djl_handlers_cancel"
-"""Per-slot property (``batch_NNN.djl_handlers_cancel=true``) asking the handler to finish a slot."""
 
 _BATCH_KEY = re.compile(r"batch_(\d+)\.(.*)", re.DOTALL)
 _BATCH_PROP = re.compile(r"batch_(\d+)_(.+)", re.DOTALL)

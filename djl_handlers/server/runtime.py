@@ -21,8 +21,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.io import wire
-from djl_handlers.request.parser import API_PROPERTY
 from djl_handlers.server.metrics import Metrics
 from djl_handlers.server.protocol import (
     BatchFailure,

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from djl_handlers.extensions import CANCEL_PROPERTY
 from djl_handlers.io.inputs import Input
 from djl_handlers.io.wire import binary_decode
 
@@ -80,7 +81,7 @@ class RollingBatchDriver:
             else:
                 content.append((prefix + "data", b""))
             if req.cancel:
-                props[prefix + "djl_handlers_cancel"] = "true"
+                props[prefix + CANCEL_PROPERTY] = "true"
         return Input.from_parts(props, content)
 
     def step(self) -> None:
