@@ -218,13 +218,13 @@ def run_benchmark(quick: bool, n: int = 32, rate: float = 1.0, issue8: bool = Fa
     report: dict[str, Any] = {"workload": {k: v for k, v in kw.items()}, "arrivals": {}}
     for label, per_s in (("all at once", 0.0), (f"Poisson {rate}/s", rate)):
         jobs = mixed_workload(tok, rate_per_s=per_s, **kw)
-        report["workload"].update(prompt_tokens=sum(j.prompt_tokens for j in jobs),
-                                  max_new_tokens=sum(j.max_new_tokens for j in jobs))
         results = {"rolling": run_rolling(model_dir, jobs), "static": run_static(model, tok, jobs)}
         if not (skip_sequential or (per_s and not quick)):
             results["sequential"] = run_sequential(model, tok, jobs)
         baseline = results.get("sequential") or results["static"]
         report["arrivals"][label] = {
+            "prompt_tokens": sum(j.prompt_tokens for j in jobs), "max_new_tokens": sum(j.max_new_tokens for j in jobs),
+            "last_arrival_s": rnd(max(j.arrival_s for j in jobs)),
             "results": [r.summary() for r in results.values()],
             "ratios": ratios(results),
             "identical_texts_vs_" + ("sequential" if "sequential" in results else "static"):
