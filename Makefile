@@ -22,7 +22,7 @@ lint:
 	.venv/bin/mypy
 
 bench:
-	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks
+	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks $(or $(BENCH),all)
 
 serve-djl: setup
 	.venv/bin/python -m djl_handlers.djl_server $(or $(MODEL_DIR),serving.properties.examples/hf-rolling-batch)

@@ -117,6 +117,10 @@ class WorkerProcess:
         env.update(self.spec.env)
         env["PYTHONPATH"] = _pythonpath(self.spec.model_dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # The worker shares the CPU with this server process: OpenMP's default busy-waiting made
+        # 2 torch threads 5-8x slower on a loaded 2-core box (docs/benchmarks.md). Set it to ACTIVE
+        # yourself on dedicated cores.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         return env
 
     def _wait_started(self) -> None:
