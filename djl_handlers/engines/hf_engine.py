@@ -39,13 +39,13 @@ import torch
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.hf_batch import (
     KVBatch,
-    generate_key,
     left_pad,
     new_slab_cache,
-    static_outputs,
     uses_plain_layers,
 )
-from djl_handlers.engines.sampling import RowSampling, prompt_log_probs, sample_batch
+from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
+from djl_handlers.engines.hf_static import generate_static as static_generate
+from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
 
 LOG = logging.getLogger(__name__)
@@ -217,51 +217,10 @@ class HFEngine:
         return (int(self._batch.mask.shape[0]), int(self._batch.mask.shape[1]))
 
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
-        """Dynamic-batch mode: ``model.generate()`` on left-padded batches.
-
-        Requests with identical sampling settings share one ``generate()`` call (run to the
-        group's largest ``max_new_tokens``, then each cut to its own limit and first eos, which is
-        exact because later tokens never change earlier ones). Returns one list per request, in
-        order, of per-token outputs; the last one carries ``finish_reason`` (``eos_token`` or
-        ``length``). A prompt that does not fit ``max_model_len`` gets a single error output.
-        """
-        results: list[list[StepOutput]] = [[] for _ in requests]
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, req in enumerate(requests):
-            if len(req.prompt_ids) == 0 or len(req.prompt_ids) >= self.max_model_len:
-                msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {self.max_model_len}"
-                results[i] = [StepOutput(req.request_id, error=msg)]
-                continue
-            groups.setdefault(generate_key(req.params), []).append(i)
-        with torch.inference_mode():
-            for key, members in groups.items():
-                batch = [requests[i] for i in members]
-                for i, outs in zip(members, self._generate_group(batch, dict(key)), strict=True):
-                    results[i] = outs
-        return results
+        """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see ``hf_static``)."""
+        return static_generate(self, requests)
 
     # ------------------------------------------------------------------ internals
-    def _generate_group(self, batch: list[EngineRequest], kwargs: dict[str, Any]) -> list[list[StepOutput]]:
-        width = max(len(r.prompt_ids) for r in batch)
-        limits = [max(1, int(getattr(r.params, "max_new_tokens", 30) or 1)) for r in batch]
-        pad = _pad_id(self.tokenizer, self.eos_token_ids)
-        ids, mask = left_pad([r.prompt_ids for r in batch], pad)
-        seed = kwargs.pop("seed", None)
-        if seed is not None:
-            torch.manual_seed(int(seed))
-        out = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            max_new_tokens=max(1, min(max(limits), self.max_model_len - width)),
-            eos_token_id=sorted(self.eos_token_ids) or None,
-            pad_token_id=pad,
-            return_dict_in_generate=True,
-            output_logits=True,
-            **kwargs,
-        )
-        ids_by_request = [r.request_id for r in batch]
-        return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, self.eos_token_ids)
-
     def _check_cache_layout(self) -> None:
         if not uses_plain_layers(self.model.config):
             raise ConfigError(
@@ -284,43 +243,14 @@ class HFEngine:
     def _forward_capturing(
         self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``_forward`` that also returns the final hidden states [batch, len, H] (the decoder's
-        output, captured by a forward hook; the logits are computed exactly as ``_forward``).
-        The hidden states are None when the output head applied to them does not reproduce the
-        model's logits (a model that scales or caps its logits): the prompt log-probs are then
-        unknown rather than wrong."""
-        captured: list[torch.Tensor] = []
-        decoder = self.model.base_model
-        handle = decoder.register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
-        try:
-            logits = self._forward(ids, mask, pos, cache)
-        finally:
-            handle.remove()
-        hidden = captured[-1] if captured else None
-        if hidden is not None:
-            check = self.model.get_output_embeddings()(hidden[:, -1:, :])[:, -1].float()
-            if not torch.allclose(check, logits, rtol=1e-3, atol=1e-3):
-                hidden = None
-        if hidden is None:
-            LOG.warning("%s: prompt log-probs are not available (its logits are not lm_head(hidden))",
-                        type(self.model).__name__)
-        return logits, hidden
+        """``_forward`` plus the final hidden states, for prompt log-probs (see ``hf_prefill``)."""
+        return forward_capturing(self.model, lambda: self._forward(ids, mask, pos, cache))
 
     def _prompt_lps(
-        self,
-        hidden: torch.Tensor | None,
-        row: int,
-        start: int,
-        stop: int,
-        targets: Sequence[int],
+        self, hidden: torch.Tensor | None, row: int, start: int, stop: int, targets: Sequence[int],
         prefix: list[float | None],
     ) -> list[float | None]:
-        """``prefix`` + the log-probs of ``targets`` predicted by ``hidden[row, start:stop]``
-        (None for each when the hidden states are unknown)."""
-        if hidden is None or stop <= start:
-            return prefix + [None] * max(0, stop - start)
-        head = self.model.get_output_embeddings()
-        return prefix + prompt_log_probs(head, hidden[row, start:stop], list(targets)[: stop - start])
+        return prompt_lps(self.model, hidden, row, start, stop, targets, prefix)
 
     def _compact(self) -> list[StepOutput]:
         """Drop done rows and the common left padding; fail rows that cannot grow any more."""
@@ -503,13 +433,6 @@ class HFEngine:
         self._batch = None
         self._partial = None
         self._ids = {row.request.request_id for row in self._queue}
-
-
-def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:
-    pad = getattr(tokenizer, "pad_token_id", None)
-    if isinstance(pad, int):
-        return pad
-    return min(eos_ids) if eos_ids else 0
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

@@ -1,0 +1,70 @@
+"""Dynamic-batch mode for the transformers engine: ``model.generate()`` on left-padded batches.
+
+Requests with identical sampling settings share one ``generate()`` call; each result is then cut
+to its own ``max_new_tokens`` and first eos, and the slot logic (stops, text) runs on it as for
+the rolling batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
+
+
+def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
+    """Dynamic-batch mode: ``model.generate()`` on left-padded batches.
+
+    Requests with identical sampling settings share one ``generate()`` call (run to the
+    group's largest ``max_new_tokens``, then each cut to its own limit and first eos, which is
+    exact because later tokens never change earlier ones). Returns one list per request, in
+    order, of per-token outputs; the last one carries ``finish_reason`` (``eos_token`` or
+    ``length``). A prompt that does not fit ``max_model_len`` gets a single error output.
+    """
+    results: list[list[StepOutput]] = [[] for _ in requests]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, req in enumerate(requests):
+        if len(req.prompt_ids) == 0 or len(req.prompt_ids) >= engine.max_model_len:
+            msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {engine.max_model_len}"
+            results[i] = [StepOutput(req.request_id, error=msg)]
+            continue
+        groups.setdefault(generate_key(req.params), []).append(i)
+    with torch.inference_mode():
+        for key, members in groups.items():
+            batch = [requests[i] for i in members]
+            for i, outs in zip(members, _generate_group(engine, batch, dict(key)), strict=True):
+                results[i] = outs
+    return results
+
+
+def _generate_group(engine: Any, batch: list[EngineRequest], kwargs: dict[str, Any]) -> list[list[StepOutput]]:
+    width = max(len(r.prompt_ids) for r in batch)
+    limits = [max(1, int(getattr(r.params, "max_new_tokens", 30) or 1)) for r in batch]
+    pad = _pad_id(engine.tokenizer, engine.eos_token_ids)
+    ids, mask = left_pad([r.prompt_ids for r in batch], pad)
+    seed = kwargs.pop("seed", None)
+    if seed is not None:
+        torch.manual_seed(int(seed))
+    out = engine.model.generate(
+        input_ids=ids.to(engine.device),
+        attention_mask=mask.to(engine.device),
+        max_new_tokens=max(1, min(max(limits), engine.max_model_len - width)),
+        eos_token_id=sorted(engine.eos_token_ids) or None,
+        pad_token_id=pad,
+        return_dict_in_generate=True,
+        output_logits=True,
+        **kwargs,
+    )
+    ids_by_request = [r.request_id for r in batch]
+    return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, engine.eos_token_ids)
+
+
+def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    if isinstance(pad, int):
+        return pad
+    return min(eos_ids) if eos_ids else 0
