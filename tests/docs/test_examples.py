@@ -25,7 +25,7 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 
 # The recipes this suite promises to keep (others may be added; these must not disappear).
 REQUIRED = {
-    "hf-rolling-batch", "hf-dynamic-batch-streaming", "custom-model-py",
+    "hf-rolling-batch", "hf-dynamic-batch", "hf-dynamic-batch-streaming", "custom-model-py",
     "deepspeed", "vllm", "lmi-dist", "trtllm", "openai-tgi",
 }
 
@@ -110,7 +110,13 @@ def _check_dynamic(entry: str, c: ServingConfig) -> None:
     assert not c.is_rolling and c.enable_streaming == "true"
 
 
+def _check_dynamic_batching(entry: str, c: ServingConfig) -> None:
+    assert entry == "djl_handlers.huggingface"
+    assert not c.is_rolling and c.batch_size == 4 and c.max_batch_delay_ms == 100
+
+
 EXPECTED: dict[str, Callable[[str, ServingConfig], Any]] = {
+    "hf-dynamic-batch": _check_dynamic_batching,
     "deepspeed": _check_deepspeed,
     "vllm": _check_vllm,
     "lmi-dist": _check_lmi_dist,
