@@ -66,6 +66,7 @@ class InferenceService:
             rolling_batch=rolling,
             default_output_formatter=self.hooks.output_formatter or config.output_formatter,
             tgi_compat=config.tgi_compat,
+            bedrock_compat=config.bedrock_compat,
             max_new_tokens_limit=config.max_new_tokens_limit,
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,

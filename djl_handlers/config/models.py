@@ -285,6 +285,7 @@ def _common(r: _Reader) -> dict[str, Any]:
         "trust_remote_code": r.boolean("trust_remote_code", False),
         "output_formatter": r.text("output_formatter"),
         "tgi_compat": r.boolean("tgi_compat", False),
+        "bedrock_compat": r.boolean("bedrock_compat", False),
         "max_model_len": r.integer("max_model_len", None, 1),
         "max_input_len": r.integer("max_input_len", None, 1),
         "max_new_tokens_limit": r.integer("max_new_tokens_limit", 4096, 1),
@@ -317,6 +318,7 @@ class ServingConfig:
     trust_remote_code: bool = False
     output_formatter: str | None = None
     tgi_compat: bool = False
+    bedrock_compat: bool = False
     max_model_len: int | None = None
     max_input_len: int | None = None
     max_new_tokens_limit: int = 4096

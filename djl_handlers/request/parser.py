@@ -19,6 +19,7 @@ from typing import Any, Optional, Union
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.request.bedrock import bedrock_to_lmi
 from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
 from djl_handlers.request.records import CustomFormatter, Request
 
@@ -42,6 +43,7 @@ class ParserSettings:
     strict_parameters: bool = True
     input_formatter: Optional[InputFormatter] = None
     chat_template: Optional[ChatTemplate] = None
+    bedrock_compat: bool = False
 
 
 def decode_body(item: Any) -> Any:
@@ -96,10 +98,12 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
     api = (item.get_property(API_PROPERTY) or "").strip().lower()
     if api == "chat" or (not api and "messages" in body and "inputs" not in body):
         return _openai_request(item, chat_to_lmi(body, settings.chat_template), settings)
-    if api == "completion" or (not api and "prompt" in body and "inputs" not in body):
+    if api == "completion" or (not api and not settings.bedrock_compat and "prompt" in body and "inputs" not in body):
         return _openai_request(item, completion_to_lmi(body), settings)
     if api in ("tgi", "tgi_stream"):
         body = _tgi_body(body, stream=api == "tgi_stream")
+    elif settings.bedrock_compat and "prompt" in body and "inputs" not in body:
+        body = bedrock_to_lmi(body, item.get_property("X-Amzn-SageMaker-Forwarded-Api"))
     unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise InvalidRequest(

@@ -137,3 +137,19 @@ def test_dynamic_streaming_outputs_lines() -> None:
     chunks = list(out.stream_content)
     assert chunks == [[c] for c in REPLY[:3]]
     assert out.get_property("Content-Type") == "application/jsonlines"
+
+
+def test_bedrock_compat_3p_and_3p_stream() -> None:
+    driver = driver_for(FakeEngine(), bedrock_compat="true")
+    body = {"prompt": "Hi ", "max_gen_len": 4, "temperature": 0}
+    plain = driver.submit(json_request(body))
+    stream = driver.submit(json_request(body, **{"X-Amzn-SageMaker-Forwarded-Api": "InvokeEndpointWithResponseStream"}))
+    bad = driver.submit(json_request({"prompt": "x", "max_gen_len": "4"}))
+    driver.run()
+    out = json.loads(plain.text)
+    assert out["body"]["generation"] == "Hi " + REPLY[:4]
+    assert out["body"]["generation_token_count"] == 4 and out["body"]["stop_reason"] == "length"
+    lines = [json.loads(x) for x in stream.text.splitlines()]
+    assert "".join(line["body"]["generation"] for line in lines) == REPLY[:4]
+    assert lines[-1]["body"]["stop_reason"] == "length"
+    assert bad.code == 400 and "max_gen_len" in (bad.error or "")
