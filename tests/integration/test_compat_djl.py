@@ -40,6 +40,7 @@ from djl_server_fixture import djl_skip_reason
 
 from djl_handlers.djl_server import DjlServer, DjlServerError, free_port
 from djl_handlers.io import Input, Output, wire
+from djl_handlers.testing.sockets import sent_bytes as _sent
 
 pytestmark = [pytest.mark.djl]
 
@@ -352,22 +353,6 @@ def _read(input_cls: type, frame: bytes) -> Any:
     return item
 
 
-def _sent(output: Any) -> bytes:
-    """The bytes ``output.send`` writes (DJL's worker calls exactly this)."""
-    left, right = socket.socketpair()
-    received = bytearray()
-
-    def drain() -> None:
-        while chunk := right.recv(65536):
-            received.extend(chunk)
-
-    with left, right:
-        reader = threading.Thread(target=drain)
-        reader.start()
-        output.send(left)
-        left.shutdown(socket.SHUT_WR)
-        reader.join()
-    return bytes(received)
 
 
 Handler = Callable[[Any], Any]

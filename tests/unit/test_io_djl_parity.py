@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from djl_handlers.io import Input, Output, wire
+from djl_handlers.testing.sockets import sent_bytes as _sent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,22 +64,6 @@ def djl() -> Iterator[tuple[ModuleType, ModuleType]]:
     sys.modules.update(saved)
 
 
-def _sent(output: Any) -> bytes:
-    """Bytes written by ``output.send`` to one end of a socketpair."""
-    left, right = socket.socketpair()
-    received = bytearray()
-
-    def drain() -> None:
-        while chunk := right.recv(65536):
-            received.extend(chunk)
-
-    with left, right:
-        reader = threading.Thread(target=drain)
-        reader.start()
-        output.send(left)
-        left.shutdown(socket.SHUT_WR)
-        reader.join()
-    return bytes(received)
 
 
 def _read(input_cls: type, frame: bytes) -> Any:

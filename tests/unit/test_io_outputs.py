@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime
 import io
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from djl_handlers.io import Output, wire
+from djl_handlers.testing.sockets import sent_bytes
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "wire"
 
@@ -23,22 +22,6 @@ def load_hex(name: str) -> bytes:
     return bytes.fromhex("".join(line.split("#", 1)[0] for line in text.splitlines()))
 
 
-def sent_bytes(output: Output) -> bytes:
-    """Everything ``output.send`` writes to a socket, read from the other end of a socketpair."""
-    left, right = socket.socketpair()
-    received = bytearray()
-
-    def drain() -> None:
-        while chunk := right.recv(65536):
-            received.extend(chunk)
-
-    with left, right:
-        reader = threading.Thread(target=drain)
-        reader.start()
-        output.send(left)
-        left.shutdown(socket.SHUT_WR)
-        reader.join()
-    return bytes(received)
 
 
 # ---------------------------------------------------------------------------------- builder
