@@ -123,13 +123,12 @@ class RequestSlot:
         if is_eos:
             self.finish("eos_token")
             return
-        if self._stops and self.output.new_tokens[-1].text:
-            match = self._stops.check(self.output.generated_text)
+        last = self.output.tokens[-1].text
+        if self._stops and last:
+            match = self._stops.push(last)
             if match is not None:
-                excess = len(self.output.generated_text) - match.end
-                if excess > 0:
-                    last = self.output.tokens[-1].text
-                    self._replace_last_text(last[: len(last) - excess])
+                if match.end < len(last):
+                    self._replace_last_text(last[: match.end])
                 self.output.finished = True  # no flush: the text after the stop is dropped
                 self.output.finish_reason = "stop_sequence"
                 return

@@ -18,29 +18,30 @@ class StopMatch:
 class StopSequenceMatcher:
     """Finds the earliest stop sequence in generated text, also across token boundaries.
 
-    Only the tail that could contain a new match is searched each time, so the cost per token
-    is bounded by the longest stop sequence, not the text length.
+    Text arrives piece by piece; only the last ``longest - 1`` characters seen before are kept,
+    so the cost per piece is bounded by the longest stop sequence, not the text length.
     """
 
-    __slots__ = ("_sequences", "_longest", "_scanned")
+    __slots__ = ("_sequences", "_keep", "_tail")
 
     def __init__(self, sequences: Sequence[str]):
         self._sequences = tuple(s for s in sequences if s)
-        self._longest = max((len(s) for s in self._sequences), default=0)
-        self._scanned = 0
+        self._keep = max((len(s) for s in self._sequences), default=1) - 1
+        self._tail = ""
 
     def __bool__(self) -> bool:
         return bool(self._sequences)
 
-    def check(self, text: str) -> Optional[StopMatch]:
-        """Look for a stop sequence in ``text`` (the whole generated text so far)."""
-        if not self._sequences:
-            return None
-        start = max(0, self._scanned - self._longest + 1)
+    def push(self, text: str) -> Optional[StopMatch]:
+        """Add the next piece of generated text; on a match, ``end`` is the position in ``text``
+        just after the earliest stop sequence (the rest of ``text`` is past the stop)."""
+        window = self._tail + text
         best: Optional[StopMatch] = None
         for seq in self._sequences:
-            pos = text.find(seq, start)
+            pos = window.find(seq)
             if pos >= 0 and (best is None or pos + len(seq) < best.end):
                 best = StopMatch(seq, pos + len(seq))
-        self._scanned = len(text)
-        return best
+        self._tail = window[max(0, len(window) - self._keep) :] if self._keep else ""
+        if best is None:
+            return None
+        return StopMatch(best.sequence, best.end - (len(window) - len(text)))
