@@ -1,4 +1,4 @@
-"""What an ``Output`` puts on the wire, read back through a real socket pair."""
+"""Frames through a real socket pair: what an ``Output`` sends, what an ``Input`` reads."""
 
 from __future__ import annotations
 
@@ -23,3 +23,16 @@ def sent_bytes(output: Any) -> bytes:
         left.shutdown(socket.SHUT_WR)
         reader.join()
     return bytes(received)
+
+
+def received_input(input_cls: type, frame: bytes) -> Any:
+    """An ``input_cls`` (ours or djl_python's ``Input``) filled by its own ``read`` from a socket
+    carrying ``frame``."""
+    left, right = socket.socketpair()
+    with left, right:
+        sender = threading.Thread(target=left.sendall, args=(frame,))
+        sender.start()
+        item = input_cls()
+        item.read(right)
+        sender.join()
+    return item

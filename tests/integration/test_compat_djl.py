@@ -21,7 +21,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from djl_server_fixture import djl_skip_reason
 
 from djl_handlers.djl_server import DjlServer, DjlServerError, free_port
 from djl_handlers.io import Input, Output, wire
+from djl_handlers.testing.sockets import received_input as _read
 from djl_handlers.testing.sockets import sent_bytes as _sent
 
 pytestmark = [pytest.mark.djl]
@@ -341,16 +341,6 @@ def djl_io() -> Iterator[tuple[type, type]]:
         sys.modules.update(saved)
 
 
-def _read(input_cls: type, frame: bytes) -> Any:
-    """An ``input_cls`` filled by its own ``read`` from a socket carrying ``frame``."""
-    left, right = socket.socketpair()
-    with left, right:
-        sender = threading.Thread(target=left.sendall, args=(frame,))
-        sender.start()
-        item = input_cls()
-        item.read(right)
-        sender.join()
-    return item
 
 
 

@@ -28,6 +28,16 @@ CLI = "import sys; from djl_handlers.cli import main; sys.exit(main())"
 _LISTENING = re.compile(r"djl-handlers: serving (\S+) at (http://\S+)")
 
 
+def wait_until(predicate: object, what: str, timeout: float = 30) -> None:
+    """Poll ``predicate()`` every 50 ms until true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def cli_command(*args: str) -> list[str]:
     """The ``djl-handlers`` command line run with this interpreter."""
     return [sys.executable, "-c", CLI, *args]

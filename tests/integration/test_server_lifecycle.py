@@ -6,20 +6,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from test_server_harness import MODELS, ROOT, ServerProcess, cli_command, cli_env, copy_model, serve  # noqa: F401
-
-
-def _wait(predicate: object, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from test_server_harness import wait_until as _wait
 
 
 def _rolling_body(prompt: str, tokens: int) -> bytes:

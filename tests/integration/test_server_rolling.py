@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from test_server_harness import ServerProcess, copy_model, module_server, serve  # noqa: F401
+from test_server_harness import wait_until as _wait
 
 rolling = module_server("fake_rolling")
 
@@ -82,15 +83,6 @@ def _metric(server: ServerProcess, name: str) -> float:
             if line.startswith(f"djl_handlers_{name}{{"):
                 return float(line.rsplit(" ", 1)[1])
     raise AssertionError(name)
-
-
-def _wait(predicate: object, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _paused_model(tmp_path: Path) -> tuple[Path, Path, Path]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import inspect
 import io
 import os
-import socket
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +20,7 @@ from typing import Any
 import pytest
 
 from djl_handlers.io import Input, Output, wire
+from djl_handlers.testing.sockets import received_input as _read
 from djl_handlers.testing.sockets import sent_bytes as _sent
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,16 +65,6 @@ def djl() -> Iterator[tuple[ModuleType, ModuleType]]:
 
 
 
-def _read(input_cls: type, frame: bytes) -> Any:
-    """An Input of ``input_cls`` filled by its own ``read`` from a socket carrying ``frame``."""
-    left, right = socket.socketpair()
-    with left, right:
-        sender = threading.Thread(target=left.sendall, args=(frame,))
-        sender.start()
-        item = input_cls()
-        item.read(right)
-        sender.join()
-    return item
 
 
 def _view(item: Any) -> tuple[dict[str, str], list[tuple[Any, bytes]]]:
