@@ -245,19 +245,25 @@ def _check_engine(engine: str) -> str:
 
 
 def _batching(r: _Reader, engine: str) -> dict[str, Any]:
-    """Batch-related settings plus the cross-key checks between them."""
-    rolling = r.choice("rolling_batch", "auto", ROLLING_BATCH)
+    """Batch-related settings plus the cross-key checks between them.
+
+    The mode follows DJL's Java side (``config.resolve.mode_of``): rolling batch exactly when
+    ``option.rolling_batch`` is set and not ``disable``. An unset value means dynamic batching,
+    as DJL's front end then never starts a rolling-batch loop; the number of requests in a call
+    (``batch_size`` in DJL's ``test_model``) never changes the mode.
+    """
+    rolling = r.choice("rolling_batch", "disable", ROLLING_BATCH)
     if rolling not in ROLLING_BY_ENGINE[engine]:
-        raise r.fail("option.rolling_batch", rolling,
-                     f"{', '.join(ROLLING_BY_ENGINE[engine])} (engine {engine})")
+        unset = r.get("rolling_batch") is None
+        written = " is unset" if unset else f"={rolling}"
+        hint = (" (DJL 0.34 rewrites auto/unset to disable for a model with a config.json unless "
+                "SERVING_FEATURES names an engine)") if rolling == "disable" else ""
+        raise ConfigError(
+            f"option.rolling_batch{written}, but engine {engine} allows only "
+            f"{', '.join(ROLLING_BY_ENGINE[engine])}{hint}; set option.rolling_batch explicitly",
+            field="option.rolling_batch")
     batch_size = r.integer("batch_size", 1, 1, server=True) or 1
-    if batch_size > 1 and rolling not in ("auto", "disable"):
-        raise r.fail("option.rolling_batch", rolling,
-                     f"auto or disable when batch_size={batch_size} (dynamic batching)")
     streaming = r.choice("enable_streaming", "false", STREAMING)
-    if batch_size > 1 and streaming != "false":
-        raise r.fail("option.enable_streaming", streaming,
-                     f"false when batch_size={batch_size} (dynamic batching)")
     big = rolling in ("vllm", "lmi-dist") or (rolling == "auto" and engine in ("vllm", "lmi-dist"))
     return {
         "rolling_batch": rolling,
@@ -305,7 +311,7 @@ class ServingConfig:
     entry_point: str | None = None
     handler: str = "handle"
     revision: str | None = None
-    rolling_batch: str = "auto"
+    rolling_batch: str = "disable"
     max_rolling_batch_size: int = 32
     batch_size: int = 1
     max_batch_delay_ms: int = 100
@@ -357,15 +363,13 @@ class ServingConfig:
         )
 
     def resolved_rolling_batch(self, engine: str | None = None) -> str:
-        """The rolling-batch mode actually used: ``auto`` resolved for ``engine``.
+        """The rolling-batch implementation actually used: ``auto`` resolved for ``engine``.
 
-        ``auto`` → ``disable`` when ``batch_size > 1`` (DJL does the same); otherwise
+        ``auto`` (set explicitly; DJL's front end already rewrote it where it would) →
         ``scheduler`` for huggingface/deepspeed, ``vllm``, ``lmi-dist``, or ``trtllm``.
         """
         if self.rolling_batch != "auto":
             return self.rolling_batch
-        if self.batch_size > 1:
-            return "disable"
         return _AUTO_ROLLING[_check_engine(engine or self.engine)]
 
     @property

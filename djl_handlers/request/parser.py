@@ -190,10 +190,14 @@ def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:
                 raise InvalidRequest(f"inputs[{i}] must be a string, got {type(v).__name__}", field="inputs")
             check_text(v, "inputs")
         return list(value)
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        # DJL's own integration client (tests/integration/llm/client.py) sends {"inputs": [prompt]}
+        # to rolling-batch models: one prompt in a list is that prompt (DJL 0.34 answers 424).
+        return check_text(value[0], "inputs")
     if isinstance(value, list):
         raise InvalidRequest(
-            "inputs must be a string with rolling batch; send one request per prompt "
-            "(lists are accepted only with option.rolling_batch=disable)",
+            f"inputs must be a string (or a one-element list) with rolling batch, got a list of {len(value)}; "
+            "send one request per prompt (lists of several prompts need option.rolling_batch=disable)",
             field="inputs",
         )
     raise InvalidRequest(f"inputs must be a string, got {type(value).__name__}", field="inputs")

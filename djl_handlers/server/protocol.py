@@ -129,6 +129,23 @@ def reply_of(frame: wire.OutputFrame) -> Reply:
     return Reply(frame.code, frame.message, dict(frame.properties), body_of(frame.content or []), frame.chunks)
 
 
+def looks_like_record(reply: Reply) -> bool:
+    """True when a dynamic-batch reply is really a rolling-batch record (``binary_encode`` map).
+
+    That happens only when the handler runs rolling batch while the front end runs dynamic
+    batching; the server must then answer a clear error, never the record's bytes.
+    """
+    if reply.chunks is not None or reply.code >= 300 or len(reply.body) < 8 or reply.body[:1] != b"\x00":
+        return False
+    if any(key.lower() == "content-type" for key in reply.headers):
+        return False
+    try:
+        fields = wire.binary_decode(reply.body)
+    except Exception:  # noqa: BLE001 - not a record: a custom handler's own bytes
+        return False
+    return "data" in fields and "last" in fields
+
+
 class BatchFailure(Exception):
     """A reply that breaks the protocol (wrong record count, unknown key...): fails the whole batch."""
 

@@ -32,6 +32,7 @@ from djl_handlers.server.protocol import (
     Slot,
     WorkerRequest,
     batch_frame,
+    looks_like_record,
     split_batch,
 )
 from djl_handlers.server.settings import ServerSettings
@@ -234,6 +235,12 @@ class ModelRuntime:
         finally:
             self.in_flight = 0
         for sink, reply in zip(sinks, replies or [], strict=False):
+            if looks_like_record(reply):
+                sink.fail(500, error_json(500, "ConfigurationMismatch", (
+                    "the handler answered with rolling-batch records while the server runs dynamic "
+                    f"batching ({self.settings.resolved.why() if self.settings.resolved else 'dynamic'}); "
+                    "set option.rolling_batch explicitly in serving.properties")))
+                continue
             sink.respond(reply.code, reply.headers, reply.body)
 
     def _exchange(self, properties: dict[str, str], content: list[tuple[str | None, bytes]],

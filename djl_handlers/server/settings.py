@@ -1,12 +1,10 @@
 """The server's view of a model directory: DJL's model settings, resolved once.
 
-From ``serving.properties`` + env (``config.load_model_properties``) and the entry point
-(``config.resolve_entry_point``) this derives the batching mode and its limits the way DJL's
-front end does:
+``config.resolve.resolve_model`` (the one resolver, shared with the worker's init call and
+``djl-handlers check``) gives the effective properties after DJL 0.34's rewrite and the mode;
+this module adds the server's limits:
 
-* rolling batch when ``option.rolling_batch`` is set and not ``disable``; ``auto`` means rolling
-  unless ``batch_size`` > 1 (DJL's LMI auto-configuration);
-* otherwise dynamic batching with ``batch_size`` (server key, or ``max_dynamic_batch_size``, or
+* dynamic batching with ``batch_size`` (server key, or ``max_dynamic_batch_size``, or
   ``option.batch_size``) and ``max_batch_delay`` ms (default 100);
 * ``job_queue_size`` (default 1000), ``option.max_rolling_batch_size`` (default 32),
   ``option.predict_timeout`` / env ``PREDICT_TIMEOUT`` (120 s), ``option.model_loading_timeout`` /
@@ -22,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from djl_handlers.config.resolve import ResolvedModel, resolve_model
 from djl_handlers.errors import ConfigError
 
 __all__ = ["ServerSettings", "load_settings"]
@@ -45,6 +44,7 @@ class ServerSettings:
     loading_timeout_s: float = 240.0
     handler: str = "handle"
     worker_env: dict[str, str] = field(default_factory=dict)
+    resolved: ResolvedModel | None = None
 
     @property
     def mode(self) -> str:
@@ -75,6 +75,10 @@ class ServerSettings:
             "queueSize": self.job_queue_size, "maxRollingBatchSize": self.max_rolling_batch_size,
             "predictTimeoutSeconds": self.predict_timeout_s, "handler": self.handler,
             "options": dict(self.options), "server": dict(self.server),
+            "rollingBatch": self.options.get("rolling_batch"),
+            "modeReason": self.resolved.why() if self.resolved else None,
+            "djlRewrites": [c.describe() for c in self.resolved.changes] if self.resolved else [],
+            "modelConfig": self.resolved.hf_config if self.resolved else None,
         }
 
 
@@ -101,31 +105,18 @@ def _worker_env(raw: str | None) -> dict[str, str]:
     return result
 
 
-def _is_rolling(options: Mapping[str, str], batch_size: int) -> bool:
-    value = options.get("rolling_batch", "").strip().lower()
-    if value in ("", "disable", "false"):
-        return False
-    if value == "auto":
-        return batch_size <= 1
-    return True
-
-
 def load_settings(model_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> ServerSettings:
     """Read a model directory; :class:`ConfigError` with the key and value when something is wrong."""
-    from djl_handlers.config.properties import load_model_properties, resolve_entry_point
-
     env = os.environ if env is None else env
-    path = Path(model_dir).resolve()
-    if not path.is_dir():
-        raise ConfigError(f"model directory {str(model_dir)!r} does not exist", field="model_dir")
-    props = load_model_properties(path, env)
-    entry_point = resolve_entry_point(path, props, env)
-    server, options = props.server, props.options
+    resolved = resolve_model(model_dir, env)
+    path = Path(resolved.model_dir)
+    entry_point = resolved.entry_point
+    server, options = resolved.server, resolved.options
     batch_raw = server.get("batch_size") or server.get("max_dynamic_batch_size") or options.get("batch_size")
     batch_size = int(_number(batch_raw, 1, "batch_size", 1))
     return ServerSettings(
         model_name=path.name, model_dir=str(path), entry_point=entry_point, options=dict(options),
-        server=dict(server), rolling=_is_rolling(options, batch_size), batch_size=batch_size,
+        server=dict(server), rolling=resolved.mode == "rolling", batch_size=batch_size,
         max_batch_delay_ms=_number(server.get("max_batch_delay"), 100.0, "max_batch_delay"),
         job_queue_size=int(_number(server.get("job_queue_size"), 1000, "job_queue_size", 1)),
         max_rolling_batch_size=int(_number(options.get("max_rolling_batch_size"), 32,
@@ -135,5 +126,5 @@ def load_settings(model_dir: str | os.PathLike[str], env: Mapping[str, str] | No
         loading_timeout_s=_number(options.get("model_loading_timeout", env.get("MODEL_LOADING_TIMEOUT")),
                                   240.0, "option.model_loading_timeout", 1),
         handler=options.get("handler") or "handle",
-        worker_env=_worker_env(options.get("env")),
+        worker_env=_worker_env(options.get("env")), resolved=resolved,
     )

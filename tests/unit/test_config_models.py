@@ -11,12 +11,15 @@ from djl_handlers.errors import ConfigError
 
 
 def cfg(engine: str = "huggingface", server: dict[str, str] | None = None, **options: str) -> ServingConfig:
+    if engine in ("vllm", "lmi-dist"):  # rolling-only engines need rolling_batch set
+        options.setdefault("rolling_batch", "auto")
     return ServingConfig.from_properties(options, server, engine=engine)
 
 
 def test_defaults() -> None:
     c = cfg()
-    assert (c.engine, c.rolling_batch, c.max_rolling_batch_size, c.batch_size) == ("huggingface", "auto", 32, 1)
+    # unset rolling_batch = dynamic batching, as DJL's Java side never starts a rolling loop then
+    assert (c.engine, c.rolling_batch, c.max_rolling_batch_size, c.batch_size) == ("huggingface", "disable", 32, 1)
     assert (c.max_batch_delay_ms, c.job_queue_size, c.dtype, c.device) == (100, 1000, "fp32", "cpu")
     assert (c.tensor_parallel_degree, c.trust_remote_code, c.enable_streaming) == (1, False, "false")
     assert (c.handler, c.output_formatter, c.tgi_compat, c.strict_parameters) == ("handle", None, False, True)
@@ -52,7 +55,7 @@ def test_config_is_frozen() -> None:
 
 def test_empty_values_count_as_unset() -> None:
     c = cfg(dtype="", rolling_batch="  ", batch_size="")
-    assert (c.dtype, c.rolling_batch, c.batch_size) == ("fp32", "auto", 1)
+    assert (c.dtype, c.rolling_batch, c.batch_size) == ("fp32", "disable", 1)
 
 
 def test_data_type_alias() -> None:
@@ -109,27 +112,32 @@ def test_engine_aliases() -> None:
     [("tensorrt_llm", "scheduler"), ("deepspeed", "vllm"), ("vllm", "disable"), ("vllm", "trtllm")],
 )
 def test_rolling_batch_must_fit_engine(engine: str, rolling: str) -> None:
-    with pytest.raises(ConfigError, match=f"option.rolling_batch='{rolling}'.*engine {engine}"):
+    with pytest.raises(ConfigError, match=f"option.rolling_batch={rolling}.*engine {engine}"):
         cfg(engine=engine, rolling_batch=rolling)
 
 
-def test_rolling_batch_with_dynamic_batch_is_rejected() -> None:
-    with pytest.raises(ConfigError, match="batch_size=4"):
-        cfg(server={"batch_size": "4"}, rolling_batch="scheduler")
-    with pytest.raises(ConfigError, match="enable_streaming"):
-        cfg(server={"batch_size": "4"}, enable_streaming="true")
+def test_unset_rolling_batch_on_a_rolling_only_engine_says_what_to_set() -> None:
+    with pytest.raises(ConfigError, match="option.rolling_batch is unset.*engine vllm.*set option.rolling_batch"):
+        ServingConfig.from_properties({}, engine="vllm")
+
+
+def test_mode_never_depends_on_batch_size() -> None:
+    # DJL's test_model puts batch_size=len(inputs) into every call's properties
+    assert cfg(server={"batch_size": "4"}, rolling_batch="auto").is_rolling is True
+    assert cfg(batch_size="2", rolling_batch="scheduler").resolved_rolling_batch() == "scheduler"
+    assert cfg(batch_size="2").is_rolling is False
 
 
 def test_resolved_rolling_batch() -> None:
-    assert cfg().resolved_rolling_batch() == "scheduler"
-    assert cfg(engine="deepspeed").resolved_rolling_batch() == "scheduler"
-    assert cfg(engine="vllm").resolved_rolling_batch() == "vllm"
-    assert cfg(engine="lmi-dist").resolved_rolling_batch() == "lmi-dist"
-    assert cfg(engine="tensorrt_llm").resolved_rolling_batch() == "trtllm"
-    assert cfg(server={"batch_size": "2"}).resolved_rolling_batch() == "disable"
+    assert cfg(rolling_batch="auto").resolved_rolling_batch() == "scheduler"
+    assert cfg(engine="deepspeed", rolling_batch="auto").resolved_rolling_batch() == "scheduler"
+    assert cfg(engine="vllm", rolling_batch="auto").resolved_rolling_batch() == "vllm"
+    assert cfg(engine="lmi-dist", rolling_batch="auto").resolved_rolling_batch() == "lmi-dist"
+    assert cfg(engine="tensorrt_llm", rolling_batch="auto").resolved_rolling_batch() == "trtllm"
+    assert cfg().resolved_rolling_batch() == "disable"
     assert cfg(rolling_batch="disable").resolved_rolling_batch() == "disable"
-    assert cfg().resolved_rolling_batch("tensorrt_llm") == "trtllm"
-    assert cfg(rolling_batch="disable").is_rolling is False and cfg().is_rolling is True
+    assert cfg(rolling_batch="auto").resolved_rolling_batch("tensorrt_llm") == "trtllm"
+    assert cfg(rolling_batch="disable").is_rolling is False and cfg(rolling_batch="auto").is_rolling is True
 
 
 def test_params_and_serving_engine() -> None:

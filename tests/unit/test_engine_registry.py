@@ -92,7 +92,7 @@ def test_missing_library_names_the_extra(no_engine_libraries: None, name: str, m
 def test_adapter_import_time_import_error_becomes_engine_not_installed(no_engine_libraries: None) -> None:
     from djl_handlers.engines.vllm_engine import VllmEngine
 
-    config = ServingConfig.from_properties({"model_id": "x"}, engine="vllm")
+    config = ServingConfig.from_properties({"model_id": "x", "rolling_batch": "auto"}, engine="vllm")
     with pytest.raises(EngineNotInstalled, match=r"pip install djl_handlers\[vllm\]"):
         VllmEngine.from_config(config)
 

@@ -38,7 +38,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
 def make_engine(options: dict[str, str] | None = None, engine: str = "vllm") -> Any:
     from djl_handlers.engines.vllm_engine import LmiDistEngine, VllmEngine
 
-    config = ServingConfig.from_properties({"model_id": "toy", **(options or {})}, engine=engine)
+    config = ServingConfig.from_properties({"model_id": "toy", "rolling_batch": "auto", **(options or {})}, engine=engine)
     cls = LmiDistEngine if engine == "lmi-dist" else VllmEngine
     return cls.from_config(config)
 

@@ -1,0 +1,259 @@
+"""The one configuration resolver: a model directory → the configuration DJL 0.34 would run.
+
+``resolve_model(model_dir, env)`` reads ``serving.properties`` + ``OPTION_*``/``SERVING_*``/
+``HF_MODEL_ID``/``TENSOR_PARALLEL_DEGREE`` environment variables (``config.properties``), then
+applies the rewrite DJL Serving 0.34's front end makes before the handler sees the properties
+(``wlm/.../LmiUtils.configureLmiModel`` → ``LmiConfigRecommender.configure``), and derives the
+batching mode exactly as DJL's Java side does. The local server, ``djl-handlers check`` and
+``djl-handlers generate`` call it; the worker receives its output as the init call's properties,
+and the handler derives its mode from those properties with :func:`mode_of` — so the two sides
+can never disagree.
+
+DJL's rules (0.34), in order:
+
+1. The recommender runs only when a Hugging Face ``config.json`` (or ``params.json``) can be read:
+   in the model directory itself, or in the local folder ``option.model_id`` names. (A hub id would
+   be fetched by DJL; djl_handlers never contacts a hub, so a hub id counts as "no config".)
+   Without one, ``option.rolling_batch`` reaches the handler unchanged (absent stays absent), and
+   ``SERVING_FEATURES`` containing ``trtllm`` sets ``option.mpi_mode=true``.
+2. With a config: ``batch_size > 1`` → ``rolling_batch=disable``; ``lmi-dist`` → ``vllm`` (and
+   ``mpi_mode=false``); any other explicit value than ``auto`` is kept; ``auto`` (or absent) →
+   ``disable`` for an architecture that is not text generation (``*ForCausalLM``,
+   ``*LMHeadModel``, ``*ForConditionalGeneration``), else ``vllm``/``trtllm`` when
+   ``SERVING_FEATURES`` names them (``tnx`` too), else ``disable``.
+3. ``trtllm`` sets ``option.mpi_mode=true``; ``option.pipeline_parallel_degree`` defaults to env
+   ``PIPELINE_PARALLEL_DEGREE`` or 1; ``option.tensor_parallel_degree`` defaults to env
+   ``TENSOR_PARALLEL_DEGREE`` (``max`` = number of GPUs, unset on a CPU-only machine);
+   ``option.max_rolling_batch_size`` defaults to 256 for vllm/trtllm, else 32 (trtllm also
+   ``option.max_num_tokens=16384``); ``option.enable_lora=true`` → ``maxWorkers=1``.
+4. The mode: rolling batch exactly when ``option.rolling_batch`` is present and not ``disable``
+   (DJL's ``PyPredictor``); otherwise dynamic batching with ``batch_size`` (or
+   ``max_dynamic_batch_size``) and ``max_batch_delay``. Never the number of requests in a call.
+
+No ML library is imported; nothing runs at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from djl_handlers.errors import ConfigError
+
+__all__ = ["Change", "ResolvedModel", "mode_of", "recommend", "resolve_model", "is_rolling_value"]
+
+TEXT_GENERATION_SUFFIXES: tuple[str, ...] = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+HF_CONFIG_FILES: tuple[str, ...] = ("config.json", "params.json")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One property DJL's front end rewrites, and the rule that fired."""
+
+    key: str
+    before: str | None
+    after: str
+    rule: str
+
+    def describe(self) -> str:
+        before = "(unset)" if self.before is None else repr(self.before)
+        return f"{self.key}: {before} -> {self.after!r} ({self.rule})"
+
+
+def is_rolling_value(value: str | None) -> bool:
+    """DJL's ``PyPredictor`` rule: rolling batch iff ``rolling_batch`` is set and not ``disable``."""
+    word = (value or "").strip().lower()
+    return word not in ("", "disable", "false")
+
+
+def mode_of(options: Mapping[str, object]) -> str:
+    """``rolling`` or ``dynamic`` from the (already resolved) option map — the handler's rule."""
+    value = options.get("rolling_batch")
+    return "rolling" if is_rolling_value(value if isinstance(value, str) else None) else "dynamic"
+
+
+def find_hf_config(model_dir: Path, model_id: str | None) -> Path | None:
+    """The ``config.json``/``params.json`` DJL would read, or None (never looks at a hub)."""
+    for name in HF_CONFIG_FILES:
+        if (model_dir / name).is_file():
+            return model_dir / name
+    if not model_id or "://" in model_id:
+        return None
+    folder = Path(model_id)
+    if not folder.is_absolute():
+        folder = model_dir / folder if (model_dir / folder).is_dir() else folder
+    if folder.is_dir():
+        for name in HF_CONFIG_FILES:
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def _architectures(config_file: Path) -> list[str]:
+    try:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise ConfigError(f"cannot read the model config {str(config_file)!r} (DJL fails to load such a "
+                          "model: 'Invalid huggingface model id')", field="option.model_id") from None
+    if not isinstance(data, dict):
+        return []
+    archs = data.get("architectures") or []
+    return [str(a) for a in archs] if isinstance(archs, list) else []
+
+
+def _int(props: Mapping[str, str], key: str, default: int) -> int:
+    raw = str(props.get(key, "")).strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not an integer", field=key) from None
+
+
+class _Recorder:
+    def __init__(self, props: dict[str, str]) -> None:
+        self.props = props
+        self.changes: list[Change] = []
+
+    def set(self, key: str, value: str, rule: str) -> None:
+        before = self.props.get(key)
+        if before != value:
+            self.changes.append(Change(key, before, value, rule))
+        self.props[key] = value
+
+    def default(self, key: str, value: str, rule: str) -> None:
+        if key not in self.props:
+            self.set(key, value, rule)
+
+
+def _rolling_rule(rec: _Recorder, archs: list[str], features: str) -> None:
+    props = rec.props
+    if _int(props, "batch_size", 1) > 1:
+        rec.set("option.rolling_batch", "disable", "batch_size > 1 means dynamic batching")
+        return
+    rolling = props.get("option.rolling_batch", "auto")
+    if rolling == "lmi-dist":
+        rec.set("option.rolling_batch", "vllm", "lmi-dist was removed in DJL 0.33; DJL serves it with vllm")
+        rec.set("option.mpi_mode", "false", "lmi-dist rewritten to vllm")
+        return
+    if rolling != "auto":
+        return
+    if not any(a.endswith(s) for a in archs for s in TEXT_GENERATION_SUFFIXES):
+        value, rule = "disable", f"architectures {archs} are not text generation"
+    elif "tnx" in features:
+        big = _int(props, "option.max_rolling_batch_size", 1) >= 12
+        value, rule = ("vllm" if big else "tnx"), "SERVING_FEATURES names tnx"
+    elif "vllm" in features:
+        value, rule = "vllm", "SERVING_FEATURES names vllm"
+    elif "trtllm" in features:
+        value, rule = "trtllm", "SERVING_FEATURES names trtllm"
+    else:
+        value, rule = "disable", ("auto without SERVING_FEATURES naming vllm/trtllm/tnx (DJL 0.34's "
+                                  "LmiConfigRecommender)")
+    rec.set("option.rolling_batch", value, rule)
+
+
+def recommend(props: Mapping[str, str], model_dir: str | Path,
+              env: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[Change], str | None]:
+    """Apply DJL 0.34's ``configureLmiModel`` to full-key properties.
+
+    Returns ``(new properties, changes, config file read or None)``.
+    """
+    env = os.environ if env is None else env
+    rec = _Recorder(dict(props))
+    features = env.get("SERVING_FEATURES", "") or ""
+    config_file = find_hf_config(Path(model_dir), rec.props.get("option.model_id"))
+    if config_file is None:
+        if "trtllm" in features:
+            rec.set("option.mpi_mode", "true", "SERVING_FEATURES names trtllm (no model config found)")
+        return rec.props, rec.changes, None
+    _rolling_rule(rec, _architectures(config_file), features)
+    if rec.props.get("option.rolling_batch") == "trtllm":
+        rec.set("option.mpi_mode", "true", "rolling_batch=trtllm runs under MPI")
+    rec.default("option.pipeline_parallel_degree", env.get("PIPELINE_PARALLEL_DEGREE") or "1",
+                "DJL default (env PIPELINE_PARALLEL_DEGREE or 1)")
+    tp = env.get("TENSOR_PARALLEL_DEGREE") or "max"
+    if tp != "max":
+        rec.default("option.tensor_parallel_degree", tp, "env TENSOR_PARALLEL_DEGREE")
+    rolling = rec.props.get("option.rolling_batch")
+    if rolling == "trtllm":
+        rec.default("option.max_num_tokens", "16384", "DJL default for trtllm")
+    rec.default("option.max_rolling_batch_size", "256" if rolling in ("vllm", "trtllm") else "32",
+                f"DJL default for rolling_batch={rolling}")
+    if str(rec.props.get("option.enable_lora", "")).lower() == "true":
+        rec.set("maxWorkers", "1", "option.enable_lora=true allows one worker")
+    return rec.props, rec.changes, str(config_file)
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Everything the server, the worker's init call and ``check`` need, resolved once."""
+
+    model_name: str
+    model_dir: str
+    entry_point: str
+    server: dict[str, str]
+    options: dict[str, str]
+    written_rolling_batch: str | None
+    changes: tuple[Change, ...] = ()
+    hf_config: str | None = None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def rolling_batch(self) -> str | None:
+        """The effective ``option.rolling_batch`` (None when unset)."""
+        return self.options.get("rolling_batch")
+
+    @property
+    def mode(self) -> str:
+        return mode_of(self.options)
+
+    def why(self) -> str:
+        """One sentence: why this mode."""
+        value = self.rolling_batch
+        rewrite = next((c for c in self.changes if c.key == "option.rolling_batch"), None)
+        if rewrite is not None:
+            return (f"option.rolling_batch={self.written_rolling_batch or '(unset)'} became "
+                    f"{rewrite.after!r} as DJL 0.34 does: {rewrite.rule}")
+        if value is None:
+            return ("option.rolling_batch is unset" + ("" if self.hf_config else
+                    " and no model config.json is readable, so DJL leaves it unset") +
+                    ": dynamic batching")
+        if not is_rolling_value(value):
+            return f"option.rolling_batch={value}: dynamic batching"
+        return f"option.rolling_batch={value}: rolling batch"
+
+
+def _warnings(written: str | None, changes: list[Change]) -> list[str]:
+    out = []
+    for change in changes:
+        if change.key == "option.rolling_batch":
+            out.append(f"DJL Serving 0.34 rewrites option.rolling_batch={written or '(unset)'} to "
+                       f"{change.after!r} ({change.rule}); djl-handlers serve does the same. "
+                       "Set option.rolling_batch explicitly (e.g. scheduler) to choose the mode.")
+    return out
+
+
+def resolve_model(model_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> ResolvedModel:
+    """serving.properties + env → the effective configuration (see the module docstring)."""
+    from djl_handlers.config.properties import (ModelProperties, apply_env, read_serving_properties,
+                                                resolve_entry_point, split_properties)
+
+    env = os.environ if env is None else env
+    path = Path(model_dir).resolve()
+    if not path.is_dir():
+        raise ConfigError(f"model directory {str(model_dir)!r} does not exist", field="model_dir")
+    props = apply_env(read_serving_properties(path), env)
+    written = props.get("option.rolling_batch")
+    props, changes, config_file = recommend(props, path, env)
+    server, options = split_properties(props)
+    entry_point = resolve_entry_point(path, ModelProperties(str(path), server, options), env)
+    return ResolvedModel(
+        model_name=path.name, model_dir=str(path), entry_point=entry_point, server=server,
+        options=options, written_rolling_batch=written, changes=tuple(changes), hf_config=config_file,
+        warnings=tuple(_warnings(written, changes)),
+    )
