@@ -78,6 +78,11 @@ def _serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = Path(args.model_dir) if args.model_dir else default_model_dir()
     settings = load_settings(model_dir)
+    log = logging.getLogger("djl_handlers.serve")
+    if settings.resolved is not None:
+        log.info("%s: %s", settings.model_name, settings.resolved.why())
+        for warning in settings.resolved.warnings:
+            log.warning("%s", warning)
 
     def listening(host: str, port: int) -> None:
         print(f"djl-handlers: serving {settings.model_name} at http://{host}:{port}", flush=True)
@@ -130,6 +135,8 @@ def _check(model_dir: str) -> int:
 
     settings = load_settings(model_dir)
     report: dict[str, Any] = settings.describe()
+    for warning in settings.resolved.warnings if settings.resolved else ():
+        print(f"djl-handlers: warning: {warning}", file=sys.stderr)
     try:
         with _in_model_dir(settings.model_dir):
             module = load_entry_point(settings.entry_point, settings.model_dir)

@@ -47,7 +47,8 @@ class InferenceService:
 
         # DJL's engine injects the formatter functions it found in model.py into the properties;
         # load_hooks finds the same functions, so only string options go to the config.
-        props = {k: v for k, v in properties.items() if not callable(v)}
+        # DJL's test_model sets model_dir=None (and batch_size=len(inputs)) on every call.
+        props = {k: v for k, v in properties.items() if not callable(v) and v is not None}
         if props.get("embedded_model") and not props.get("model_id"):
             from djl_handlers.model.embedded import embedded_model_dir
 
@@ -186,6 +187,16 @@ class LazyService:
     def __init__(self, engine_name: str) -> None:
         self.engine_name = engine_name
         self._service: Optional[InferenceService] = None
+
+    @property
+    def initialized(self) -> bool:
+        return self._service is not None and self._service.initialized
+
+    @initialized.setter
+    def initialized(self, value: bool) -> None:
+        """DJL's ``test_model.TestHandler`` sets ``_service.initialized = False`` for a fresh service."""
+        if not value:
+            self._service = None
 
     def handle(self, inputs: Any) -> Any:
         if self._service is None:
