@@ -126,7 +126,8 @@ def test_djl_test_input_output_passes_against_djl_handlers_io(tmp_path: Path) ->
 
 
 def test_djl_test_handler_drives_our_huggingface_handler(tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
-    suite = _run_pytest(tmp_path, [CASES / "case_test_model.py"], {"TINY_MODEL_DIR": str(tiny_dir)})
+    env = {"TINY_MODEL_DIR": str(tiny_dir), "OMP_NUM_THREADS": "2"}  # the test machines are small
+    suite = _run_pytest(tmp_path, [CASES / "case_test_model.py"], env)
     assert not _names(suite, "skipped")
     assert {
         "test_rolling_batch_with_serving_properties",
