@@ -189,8 +189,10 @@ class Input:
         return Image.open(io.BytesIO(self.get_as_bytes(key=key)))
 
     def get_as_numpy(self, key: str | None = None) -> list[Any]:
-        """DJL NDList payloads (``tensor/ndlist``) are not supported by djl_handlers."""
-        raise NotImplementedError("tensor/ndlist payloads are not supported; send tensor/npz instead")
+        """The value decoded as a DJL NDList (``tensor/ndlist``; also npz/npy): numpy arrays (needs numpy)."""
+        from djl_handlers.io.ndlist import from_nd_list
+
+        return from_nd_list(self.get_as_bytes(key=key))
 
     def get_as_npz(self, key: str | None = None) -> list[Any]:
         """The value loaded as a numpy ``.npz`` archive: arrays in file order (needs numpy)."""

@@ -163,6 +163,16 @@ class Output:
         """Append ``val`` encoded as DJL's pretty-printed JSON."""
         return self.add(encode_json(val), key=key, batch_index=batch_index)
 
+    def add_as_numpy(self, np_list: Any, key: Any = None, batch_index: int | None = None) -> Output:
+        """Append a list of arrays (or one array) as a DJL NDList, ``tensor/ndlist`` (needs numpy)."""
+        from djl_handlers.io.ndlist import to_nd_list
+
+        return self.add(to_nd_list(np_list), key=key, batch_index=batch_index)
+
+    def add_as_string(self, val: str, key: Any = None, batch_index: int | None = None) -> Output:
+        """Append ``val`` as UTF-8 (beyond djl_python, whose ``encode_decode.encode`` calls it for CSV)."""
+        return self.add(str(val), key=key, batch_index=batch_index)
+
     def add_as_npz(self, np_list: list[Any], key: Any = None, batch_index: int | None = None) -> Output:
         """Append a list of arrays as a numpy ``.npz`` archive (needs numpy)."""
         import io
@@ -187,6 +197,10 @@ class Output:
         return self
 
     # ------------------------------------------------------------------------------- encoding
+
+    # djl_python's private names, called by DJL's own tools (test_model.py) and by user code.
+    _encode_json = staticmethod(encode_json)
+    _default_stream_output_formatter = staticmethod(default_stream_output_formatter)
 
     @staticmethod
     def binary_encode(data: dict[str, Any]) -> bytearray:

@@ -175,3 +175,24 @@ def test_empty_values_and_null_keys(djl: tuple[ModuleType, ModuleType]) -> None:
     single = wire.encode_input_frame({}, [(None, b"n"), ("data", b"")])
     assert _view(_read(Input, single)) == _view(_read(djl[0].Input, single))
     assert _read(Input, single).get_as_bytes() == _read(djl[0].Input, single).get_as_bytes()
+
+
+def test_private_output_helpers(djl: tuple[ModuleType, ModuleType]) -> None:
+    value = {"a": "é", "n": [1, 2.5, None], "nested": {"t": True}}
+    assert bytes(Output._encode_json(value)) == bytes(djl[1].Output._encode_json(value))
+    formatter = djl[1].Output._default_stream_output_formatter
+    assert bytes(Output._default_stream_output_formatter(["x", 1])) == bytes(formatter(["x", 1]))
+
+
+def test_ndlist_bytes(djl: tuple[ModuleType, ModuleType]) -> None:
+    np = pytest.importorskip("numpy")
+    if not hasattr(np.ndarray, "newbyteorder"):
+        pytest.skip("this djl_python's np_util calls ndarray.newbyteorder, which numpy 2 removed")
+    nd = [np.arange(6, dtype=np.float32).reshape(2, 3), np.ones((1, 2), dtype=np.int64)]
+    theirs = djl[1].Output().add_as_numpy(nd, key="x").content.value_at(0)
+    assert bytes(Output().add_as_numpy(nd, key="x").content.value_at(0)) == bytes(theirs)
+    decoded = djl[0].Input()
+    decoded.content.add(key="x", value=bytearray(theirs))
+    assert [a.tolist() for a in Input.from_parts({}, [("x", theirs)]).get_as_numpy("x")] == [
+        a.tolist() for a in decoded.get_as_numpy("x")
+    ]
