@@ -240,8 +240,13 @@ def _warnings(written: str | None, changes: list[Change]) -> list[str]:
 
 def resolve_model(model_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> ResolvedModel:
     """serving.properties + env → the effective configuration (see the module docstring)."""
-    from djl_handlers.config.properties import (ModelProperties, apply_env, read_serving_properties,
-                                                resolve_entry_point, split_properties)
+    from djl_handlers.config.properties import (
+        ModelProperties,
+        apply_env,
+        read_serving_properties,
+        resolve_entry_point,
+        split_properties,
+    )
 
     env = os.environ if env is None else env
     path = Path(model_dir).resolve()

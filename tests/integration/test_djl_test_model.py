@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest_models import embedded_dir, tiny_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +88,7 @@ def test_inference_batch_in_dynamic_mode(tiny_dir: Path) -> None:  # noqa: F811
     props = {"engine": "Python", "rolling_batch": "disable", "model_id": str(tiny_dir), "dtype": "fp32"}
     bodies = _run({"kind": "dynamic", "inputs": PROMPTS, "props": props})
     assert isinstance(bodies, list) and len(bodies) == 2
-    for body, prompt in zip(bodies, PROMPTS):
+    for body, prompt in zip(bodies, PROMPTS, strict=True):
         params = prompt["parameters"]
         assert isinstance(params, dict)
         parsed = json.loads(body)
