@@ -157,6 +157,8 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise InvalidRequest(f"unknown request field(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}", field=unknown[0])
+    if "inputs" in body and not isinstance(body["inputs"], str):
+        raise InvalidRequest(f"inputs must be a string (TGI), got {type(body['inputs']).__name__}", field="inputs")
     params = dict(params)  # TGI's `stop` is an accepted alias of stop_sequences (from_dict checks both)
     for key in TGI_NULL_ONLY:
         if params.pop(key, None) is not None:

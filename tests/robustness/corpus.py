@@ -261,11 +261,14 @@ def nesting_cases() -> Iterator[Case]:
 def top_level_cases() -> Iterator[Case]:
     """Wrong types for ``inputs``, ``parameters`` and ``stream``; unknown top-level fields."""
     for label, raw in {"int": "5", "float": "1.5", "bool": "true", "object": '{"text": "x"}', "null": "null",
-                       "list-in-rolling": '["a"]'}.items():
+                       "list-in-rolling": '["a", "b"]'}.items():
         modes = (ROLLING,) if label == "list-in-rolling" else BOTH
         yield Case(f"inputs-{label}", f'{{"inputs": {raw}}}'.encode(), mentions=("inputs",), modes=modes)
     yield Case("inputs-missing", b'{"parameters": {"max_new_tokens": 4}}', mentions=("inputs",))
     yield Case("inputs-empty-string", b'{"inputs": ""}', mentions=("inputs", "empty"))
+    # DJL's own integration client sends {"inputs": [prompt]} to rolling-batch models
+    yield Case("inputs-one-element-list-in-rolling", dumps({"inputs": ["a"], "parameters": {"max_new_tokens": N}}),
+               status=200, modes=(ROLLING,))
     yield Case("inputs-list-with-int", b'{"inputs": ["a", 1]}', mentions=("inputs[1]",), modes=(DYNAMIC,))
     yield Case("inputs-empty-list", b'{"inputs": []}', mentions=("inputs",), modes=(DYNAMIC,))
     yield Case("inputs-list-of-lists", b'{"inputs": [["a"]]}', mentions=("inputs[0]",), modes=(DYNAMIC,))
