@@ -258,7 +258,7 @@ def test_cli_generate_on_a_tiny_model(venv: Venv, tmp_path: Path, tiny_dir: Path
     model.mkdir()
     (model / "serving.properties").write_text(
         "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
-        f"option.model_id={tiny_dir}\noption.rolling_batch=auto\noption.dtype=fp32\n",
+        f"option.model_id={tiny_dir}\noption.rolling_batch=scheduler\noption.dtype=fp32\n",
         encoding="utf-8",
     )
     body = json.dumps({"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4, "details": True}})
