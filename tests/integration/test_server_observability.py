@@ -233,3 +233,52 @@ def test_json_logs_and_log_prompts(tmp_path: Path) -> None:
             assert finished["prompt"] == "secret prompt"
         else:
             assert "secret prompt" not in server.log_path.read_text()
+
+
+def test_spans_exported_over_otlp_to_a_loopback_collector(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            received.append((self.path, self.rfile.read(int(self.headers["content-length"]))))
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.server_address[1]}",
+           "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "obs-test"}
+    server = ServerProcess(copy_model(tmp_path, "fake_rolling"), tmp_path / "server.log", env=env)
+    try:
+        with server.client() as client:
+            response = client.post("/invocations", headers={"x-request-id": "span-1"},
+                                   json={"inputs": "traced", "parameters": {"max_new_tokens": 2}})
+        assert response.status_code == 200
+    finally:
+        server.stop()  # shutdown flushes the batch processor
+        collector.shutdown()
+    spans = []
+    for path, body in received:
+        assert path == "/v1/traces"
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        for resource_spans in message.resource_spans:
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}["service.name"]
+            assert service == "obs-test"
+            spans += [s for scope in resource_spans.scope_spans for s in scope.spans]
+    (span,) = [s for s in spans if s.name == "djl_handlers.request"]
+    attributes = {a.key: a.value for a in span.attributes}
+    assert attributes["djl_handlers.request_id"].string_value == "span-1"
+    assert attributes["gen_ai.usage.output_tokens"].int_value == 2
+    assert [e.name for e in span.events] == ["queued", "prefill", "decode"]
