@@ -12,8 +12,8 @@
 - ``ENGINE_STATS_PROPERTY``: an output property of a rolling-batch step reply (not ``batch_``-prefixed,
   so DJL's ``RollingBatch`` ignores it; it copies only ``batch_{i}_*`` properties into headers):
   compact JSON of the engine's own figures, e.g. ``{"kv_cache_usage": 0.42,
-  "kv_cache_used_bytes": ..., "kv_cache_allocated_bytes": ..., "batch_size": 3}``. Sent at most every
-  ``ENGINE_STATS_INTERVAL_S`` seconds and whenever the batch becomes empty.
+  "kv_cache_used_bytes": ..., "kv_cache_allocated_bytes": ..., "batch_size": 3}``. Sent on the first
+  step, every ``ENGINE_STATS_EVERY_STEPS`` steps and when the batch becomes empty.
 
 DJL's own names reused here (not extensions): property ``requestId`` (DJL's front end adds it to
 every request's Input) and record key ``step_token_num`` (DJL's Python rolling batch writes it).
@@ -23,7 +23,7 @@ CANCEL_PROPERTY = "djl_handlers_cancel"
 API_PROPERTY = "X-Djl-Handlers-Api"
 STATS_RECORD_KEY = "djl_handlers_stats"
 ENGINE_STATS_PROPERTY = "djl_handlers_engine_stats"
-ENGINE_STATS_INTERVAL_S = 0.5
+ENGINE_STATS_EVERY_STEPS = 16
 
 REQUEST_ID_PROPERTY = "requestId"  # DJL 0.34's front end: Input property carrying x-request-id
 STEP_TOKENS_KEY = "step_token_num"  # DJL's Python rolling batch: tokens this step added

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -18,7 +17,7 @@ from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.errors import DjlHandlersError, error_body
 from djl_handlers.extensions import (
     CANCEL_PROPERTY,
-    ENGINE_STATS_INTERVAL_S,
+    ENGINE_STATS_EVERY_STEPS,
     ENGINE_STATS_PROPERTY,
     REQUEST_ID_PROPERTY,
 )
@@ -46,7 +45,7 @@ class InferenceService:
         self.settings = ParserSettings(engine=engine_name)
         self.hooks = CustomHooks()
         self.streaming = False
-        self._stats_at = 0.0
+        self._steps = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -135,12 +134,12 @@ class InferenceService:
         return out
 
     def _add_engine_stats(self, out: Any, running: int) -> None:
-        """Engine figures (KV-cache use, batch size) as ``ENGINE_STATS_PROPERTY``, at most every
-        ``ENGINE_STATS_INTERVAL_S`` and whenever the batch has just emptied (see ``extensions``)."""
-        now = time.monotonic()
-        if running and now - self._stats_at < ENGINE_STATS_INTERVAL_S:
+        """Engine figures (KV-cache use, batch size) as ``ENGINE_STATS_PROPERTY`` on the first step,
+        every ``ENGINE_STATS_EVERY_STEPS`` steps and when the batch has just emptied (see
+        ``extensions``); counted in steps, not time, so equal inputs give equal outputs."""
+        self._steps += 1
+        if running and (self._steps - 1) % ENGINE_STATS_EVERY_STEPS:
             return
-        self._stats_at = now
         stats: dict[str, Any] = {"batch_size": running}
         usage = getattr(self.engine, "kv_cache_usage", None)
         if callable(usage):

@@ -9,7 +9,7 @@ Where each figure is measured (the server and the worker are separate processes)
   prefill, decode and end-to-end times come from these.
 * worker: prompt tokens, generated tokens and finish reason arrive once, in the last record
   (``STATS_RECORD_KEY``); KV-cache use and the engine's batch size arrive as a step-reply property
-  (``ENGINE_STATS_PROPERTY``) at most twice a second.
+  (``ENGINE_STATS_PROPERTY``) on the first step, every 16 steps and when the batch empties.
 
 The per-step cost is one loop over the step's records (a counter and, per token, a histogram
 observation); everything else happens once per request, when it finishes.
