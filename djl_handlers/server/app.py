@@ -91,8 +91,9 @@ async def to_worker_request(request: Request, api: str | None = None) -> WorkerR
     if api is not None:
         properties[API_PROPERTY] = api
     request_id = getattr(request.state, "request_id", None)
-    if request_id:
-        properties[REQUEST_ID_PROPERTY] = request_id  # as DJL's InferenceRequestHandler does
+    if request_id:  # as DJL's InferenceRequestHandler does; a client "requestId" header cannot shadow it
+        properties = {k: v for k, v in properties.items() if k.lower() != REQUEST_ID_PROPERTY.lower()}
+        properties[REQUEST_ID_PROPERTY] = request_id
     body = await _body(request)
     content: list[tuple[str | None, bytes]] = [
         (key, value.encode("utf-8")) for key, value in request.query_params.multi_items()

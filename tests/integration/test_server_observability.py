@@ -186,7 +186,7 @@ def test_kv_cache_use_is_reported_while_a_request_runs(tiny_server: ServerProces
 def test_request_id_round_trips(tiny_server: ServerProcess) -> None:
     given = "my-trace-" + uuid.uuid4().hex[:8]
     with tiny_server.client() as client:
-        chat = client.post("/v1/chat/completions", headers={"x-request-id": given},
+        chat = client.post("/v1/chat/completions", headers={"x-request-id": given, "requestId": "spoofed"},
                            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
         plain = client.post("/invocations", json={"inputs": "Hi", "parameters": {"max_new_tokens": 2}})
         bad = client.post("/invocations", headers={"x-request-id": "has spaces"}, json={"inputs": 1})
