@@ -31,6 +31,7 @@ from djl_handlers.server.metrics import DEFAULT_MAX_TOKENS, Metrics, RequestSeri
 __all__ = ["REQUEST_LOG", "RequestTrace", "Telemetry"]
 
 REQUEST_LOG = logging.getLogger("djl_handlers.server.requests")
+_LOG = logging.getLogger("djl_handlers.server")
 _PROMPT_LOG_LIMIT = 4096
 
 
@@ -123,7 +124,15 @@ class Telemetry:
 
     def rolling_step(self, results: Iterable[tuple[Any, Any, Any]], properties: dict[str, str],
                      batch_size: int) -> None:
-        """One rolling-batch step reply: ``(slot, record, headers)`` per request, the frame's properties."""
+        """One rolling-batch step reply: ``(slot, record, headers)`` per request, the frame's properties.
+        Never raises: a telemetry fault must not stop the step loop."""
+        try:
+            self._rolling_step(results, properties, batch_size)
+        except Exception:  # noqa: BLE001
+            _LOG.exception("telemetry: a rolling step could not be recorded")
+
+    def _rolling_step(self, results: Iterable[tuple[Any, Any, Any]], properties: dict[str, str],
+                      batch_size: int) -> None:
         now = time.monotonic()
         self.metrics.rolling_batch_size = batch_size
         for slot, record, _ in results:
@@ -150,9 +159,15 @@ class Telemetry:
             trace.on_tokens(time.monotonic(), 1, counted=False)
 
     def finish(self, trace: RequestTrace | None, status: int, cancelled: bool) -> None:
-        """The response ended (sent, failed or cancelled): observe, log, export the span."""
+        """The response ended (sent, failed or cancelled): observe, log, export the span. Never raises."""
         if trace is None:
             return
+        try:
+            self._finish(trace, status, cancelled)
+        except Exception:  # noqa: BLE001
+            _LOG.exception("telemetry: RequestId=[%s] could not be recorded", trace.request_id)
+
+    def _finish(self, trace: RequestTrace, status: int, cancelled: bool) -> None:
         end = time.monotonic()
         stats = _stats(trace.stats)
         reason = "cancelled" if cancelled else "error" if status >= 400 else str(stats.get("finish_reason") or "")

@@ -245,3 +245,15 @@ def test_no_tracer_and_no_import_without_an_endpoint(monkeypatch: pytest.MonkeyP
     monkeypatch.delitem(sys.modules, "djl_handlers.server.tracing", raising=False)
     assert Telemetry("m").tracer is None
     assert "djl_handlers.server.tracing" not in sys.modules
+
+
+def test_a_telemetry_fault_never_reaches_the_step_loop(caplog: pytest.LogCaptureFixture) -> None:
+    tel = Telemetry("m")
+    trace = tel.start({}, [])
+    broken = SimpleNamespace(tokens="many", code=None, stats=None)  # not a Record: comparison fails
+    with caplog.at_level(logging.ERROR, logger="djl_handlers.server"):
+        tel.rolling_step([(SimpleNamespace(owner=SimpleNamespace(trace=trace)), broken, {})], {}, 1)
+        trace.created = "later"  # type: ignore[assignment]
+        tel.finish(trace, 200, cancelled=False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "telemetry: a rolling step could not be recorded", "telemetry: RequestId=[-] could not be recorded"]
