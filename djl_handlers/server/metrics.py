@@ -39,6 +39,8 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 FINISH_REASONS = ("length", "eos_token", "stop_sequence", "error", "cancelled")
 DEFAULT_MAX_TOKENS = 131072
+MAX_ADAPTER_LABELS = 64  # a client names the adapter: bound the series it can create
+OTHER_ADAPTER = "__other__"
 
 
 def token_buckets(max_value: int) -> tuple[float, ...]:
@@ -57,6 +59,7 @@ def token_buckets(max_value: int) -> tuple[float, ...]:
 class RequestSeries:
     """The per-request series bound to one (model, adapter) label set (label lookup done once)."""
 
+    adapter: str
     ttft: Any
     itl: Any
     tpot: Any
@@ -137,12 +140,16 @@ class Metrics:
         self.engine_batch = gauge("engine_batch_size", "Requests in the engine's batch (worker's count).")
 
     def series(self, adapter: str = "") -> RequestSeries:
-        """The per-request series for ``adapter``, bound once and cached."""
+        """The per-request series for ``adapter``, bound once and cached. Past ``MAX_ADAPTER_LABELS``
+        distinct names (or a name over 64 characters) the label is ``__other__``."""
         found = self._series.get(adapter)
+        if found is None and (len(adapter) > 64 or len(self._series) >= MAX_ADAPTER_LABELS):
+            adapter = OTHER_ADAPTER
+            found = self._series.get(adapter)
         if found is None:
             labels = (self.model, adapter)
             h = {key: hist.labels(*labels) for key, hist in self._h.items()}
-            found = RequestSeries(**h, prompt_total=self._prompt_total.labels(*labels),
+            found = RequestSeries(adapter, **h, prompt_total=self._prompt_total.labels(*labels),
                                   generation_total=self._generation_total.labels(*labels))
             self._series[adapter] = found
         return found

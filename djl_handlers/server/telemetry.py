@@ -109,10 +109,10 @@ class Telemetry:
                 adapter = value.decode("utf-8", "replace")
             elif key == "data" and self.log_prompts:
                 body = value
-        adapter = adapter or ""
+        series = self.metrics.series(adapter or "")
         return RequestTrace(
-            request_id=properties.get(REQUEST_ID_PROPERTY) or "-", series=self.metrics.series(adapter),
-            created=time.monotonic(), adapter=adapter, api=_property(properties, API_PROPERTY) or "",
+            request_id=properties.get(REQUEST_ID_PROPERTY) or "-", series=series,
+            created=time.monotonic(), adapter=series.adapter, api=_property(properties, API_PROPERTY) or "",
             body=body, traceparent=_property(properties, "traceparent") if self.tracer else None,
         )
 

@@ -257,3 +257,13 @@ def test_a_telemetry_fault_never_reaches_the_step_loop(caplog: pytest.LogCapture
         tel.finish(trace, 200, cancelled=False)
     assert [r.getMessage() for r in caplog.records] == [
         "telemetry: a rolling step could not be recorded", "telemetry: RequestId=[-] could not be recorded"]
+
+
+def test_client_named_adapters_cannot_grow_the_series_without_bound() -> None:
+    from djl_handlers.server.metrics import MAX_ADAPTER_LABELS
+
+    tel = Telemetry("m")
+    traces = [tel.start({"adapter": f"a{i}"}, []) for i in range(MAX_ADAPTER_LABELS + 10)]
+    assert {t.adapter for t in traces[MAX_ADAPTER_LABELS:]} == {"__other__"}
+    assert tel.start({"adapter": "x" * 65}, []).adapter == "__other__"
+    assert len({t.adapter for t in traces}) == MAX_ADAPTER_LABELS + 1
