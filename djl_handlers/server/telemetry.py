@@ -186,11 +186,14 @@ class Telemetry:
             s.decode.observe(decode)
             if trace.tokens > 1:
                 s.tpot.observe(decode / (trace.tokens - 1))
+        answered = status < 400  # per-request token histograms: answered requests; counters: all work done
         if isinstance(prompt_tokens, int):
-            s.prompt_tokens.observe(prompt_tokens)
+            if answered:
+                s.prompt_tokens.observe(prompt_tokens)
             s.prompt_total.inc(prompt_tokens)
         if isinstance(generated, int):
-            s.generation_tokens.observe(generated)
+            if answered:
+                s.generation_tokens.observe(generated)
             s.generation_total.inc(generated)
         metrics = self.metrics
         metrics.finished.labels(metrics.model, trace.adapter, reason).inc()

@@ -101,6 +101,8 @@ def test_cancelled_and_failed_requests(clock: Clock) -> None:
     assert sample(m, "e2e_request_latency_seconds_count", adapter="") == 2
     assert sample(m, "time_to_first_token_seconds_count", adapter="") == 0  # no token, no TTFT
     assert sample(m, "request_queue_time_seconds_count", adapter="") == 1  # only the admitted one
+    assert sample(m, "request_generation_tokens_count", adapter="") == 0  # token histograms: answered requests
+    assert sample(m, "generation_tokens_total", adapter="") == 0
 
 
 def test_engine_stats_and_gauges() -> None:
