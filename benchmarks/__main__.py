@@ -51,6 +51,9 @@ def _overhead(args: argparse.Namespace) -> None:
     print_table(report["layers"], ["layer", "us_per_step", "pct_of_decode_step"], "per-step overhead, batch 16")
     print(f"decode step (engine.step): {report['engine_step_ms']} ms; total overhead "
           f"{report['total_overhead_pct']}% of it")
+    print_table(report["metrics"], ["layer", "us_per_step", "pct_of_decode_step"], "observability cost, batch 16")
+    print(f"metrics: {report['metrics_us_per_step']} µs per step = {report['metrics_fraction_of_decode_step']} "
+          "of a decode step")
     write_report("overhead", report, args.quick, started)
 
 

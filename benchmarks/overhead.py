@@ -15,7 +15,8 @@ steps:
   step: ``read_input_frame`` + building the Input, ``Output.send`` into a buffer.
 
 The engine's own Python (compaction, sampling, emit) is inside ``engine.step`` and is not counted
-here; see ``profile``.
+here; see ``profile``. The observability code (server telemetry, the worker's stats) is reported
+apart, as ``metrics`` rows (``benchmarks/metrics_overhead.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from benchmarks.common import rnd
 from benchmarks.engine_throughput import new_driver, stream_body
+from benchmarks.metrics_overhead import metrics_layers
 from benchmarks.workload import TEXT
 
 Sink = dict[str, float]
@@ -97,6 +99,7 @@ def run_benchmark(quick: bool, batch: int = 16) -> dict[str, Any]:
         for _ in range(steps):
             driver.step()
         measured, step_io = dict(sink), list(captured)
+        observability = metrics_layers(service, step_io[1], steps + 2)
         driver.run()
     finally:
         for fn in undo:
@@ -115,6 +118,11 @@ def run_benchmark(quick: bool, batch: int = 16) -> dict[str, Any]:
     rows = [{"layer": k, "us_per_step": rnd(v, 1), "pct_of_decode_step": rnd(100 * v / engine_us, 2)}
             for k, v in layers.items()]
     total = sum(layers.values())
+    metrics_rows = [{"layer": k, "us_per_step": rnd(v, 1), "pct_of_decode_step": rnd(100 * v / engine_us, 3)}
+                    for k, v in observability.items()]
+    metrics_total = sum(observability.values())
     return {"batch": batch, "steps": steps, "prompt_tokens": len(engine.tokenizer.encode(prompt)),
             "engine_step_ms": rnd(engine_us / 1000), "parse_us_per_request": rnd(parse_total / batch * 1e6, 1),
-            "layers": rows, "total_overhead_us": rnd(total, 1), "total_overhead_pct": rnd(100 * total / engine_us, 2)}
+            "layers": rows, "total_overhead_us": rnd(total, 1), "total_overhead_pct": rnd(100 * total / engine_us, 2),
+            "metrics": metrics_rows, "metrics_us_per_step": rnd(metrics_total, 1),
+            "metrics_fraction_of_decode_step": rnd(metrics_total / engine_us, 5)}

@@ -1,6 +1,7 @@
 """``djl-handlers``: serve a model directory locally, check it, or run one request in process.
 
-* ``djl-handlers serve [MODEL_DIR] [--host 127.0.0.1] [--port 8080] [--grace 30]``
+* ``djl-handlers serve [MODEL_DIR] [--host 127.0.0.1] [--port 8080] [--grace 30] [--log-format text|json]
+  [--log-prompts]``
 * ``djl-handlers check MODEL_DIR`` — properties parse, entry point imports, configuration builds;
   prints the resolved configuration as JSON; exit 0 or 1.
 * ``djl-handlers generate MODEL_DIR '<json>' [--stream]`` — init call + one request driven exactly
@@ -42,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    serve.add_argument("--log-format", choices=("text", "json"), default="text",
+                       help="log lines as text or as JSON objects (one per line)")
+    serve.add_argument("--log-prompts", action="store_true",
+                       help="include the prompt in the finished-request log line (off: never logged)")
     check = sub.add_parser("check", help="validate a model directory and print its configuration")
     check.add_argument("model_dir")
     generate = sub.add_parser("generate", help="run one request in process, without a server")
@@ -68,14 +73,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import logging
-
+    from djl_handlers.server.logs import configure_logging
     from djl_handlers.server.serve import run_server
     from djl_handlers.server.settings import load_settings
     from djl_handlers.server.worker_process import StartupError
 
-    logging.basicConfig(level=os.environ.get("DJL_HANDLERS_LOG_LEVEL", "INFO"), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(os.environ.get("DJL_HANDLERS_LOG_LEVEL", "INFO"), args.log_format)
     model_dir = Path(args.model_dir) if args.model_dir else default_model_dir()
     settings = load_settings(model_dir)
     log = logging.getLogger("djl_handlers.serve")
@@ -88,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"djl-handlers: serving {settings.model_name} at http://{host}:{port}", flush=True)
 
     try:
-        return run_server(settings, args.host, args.port, args.grace, listening)
+        return run_server(settings, args.host, args.port, args.grace, listening, log_prompts=args.log_prompts)
     except StartupError as exc:
         print(f"djl-handlers: cannot start {settings.model_name}: {exc}", file=sys.stderr)
         return 1

@@ -1,10 +1,29 @@
-"""The two property names by which djl_handlers extends DJL's protocol (DJL's own code ignores both).
+"""The names by which djl_handlers extends DJL's protocol (DJL's own code ignores every one).
 
 - ``CANCEL_PROPERTY``: the front end sets ``batch_NNN.djl_handlers_cancel=true`` on a rolling-batch
   slot whose client went away; our handlers finish that slot within the step (``last=true``).
 - ``API_PROPERTY``: the local server's OpenAI and TGI routes set this request property to the body's
   dialect (``chat``, ``completion``, ``tgi``, ``tgi_stream``).
+- ``STATS_RECORD_KEY``: a key of a rolling-batch request's *last* record (``Output.binary_encode``):
+  compact JSON ``{"prompt_tokens": int, "generated_tokens": int, "finish_reason": str}``. DJL's Java
+  ``RollingBatch`` reads only ``data``/``last``/``code``/``error`` from a record and skips the rest
+  (as it skips ``step_token_num``), so the key is harmless there; the local server turns it into the
+  per-request token histograms and the finished-request log line.
+- ``ENGINE_STATS_PROPERTY``: an output property of a rolling-batch step reply (not ``batch_``-prefixed,
+  so DJL's ``RollingBatch`` ignores it; it copies only ``batch_{i}_*`` properties into headers):
+  compact JSON of the engine's own figures, e.g. ``{"kv_cache_usage": 0.42,
+  "kv_cache_used_bytes": ..., "kv_cache_allocated_bytes": ..., "batch_size": 3}``. Sent on the first
+  step, every ``ENGINE_STATS_EVERY_STEPS`` steps and when the batch becomes empty.
+
+DJL's own names reused here (not extensions): property ``requestId`` (DJL's front end adds it to
+every request's Input) and record key ``step_token_num`` (DJL's Python rolling batch writes it).
 """
 
 CANCEL_PROPERTY = "djl_handlers_cancel"
 API_PROPERTY = "X-Djl-Handlers-Api"
+STATS_RECORD_KEY = "djl_handlers_stats"
+ENGINE_STATS_PROPERTY = "djl_handlers_engine_stats"
+ENGINE_STATS_EVERY_STEPS = 16
+
+REQUEST_ID_PROPERTY = "requestId"  # DJL 0.34's front end: Input property carrying x-request-id
+STEP_TOKENS_KEY = "step_token_num"  # DJL's Python rolling batch: tokens this step added

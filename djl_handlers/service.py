@@ -7,6 +7,7 @@ whose properties are the model's options) builds the service; an empty Input ret
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -14,7 +15,12 @@ from typing import Any, Optional
 
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.errors import DjlHandlersError, error_body
-from djl_handlers.extensions import CANCEL_PROPERTY
+from djl_handlers.extensions import (
+    CANCEL_PROPERTY,
+    ENGINE_STATS_EVERY_STEPS,
+    ENGINE_STATS_PROPERTY,
+    REQUEST_ID_PROPERTY,
+)
 from djl_handlers.io.compat import new_output
 from djl_handlers.request.parser import ParserSettings, parse_request
 from djl_handlers.request.records import Request
@@ -39,6 +45,7 @@ class InferenceService:
         self.settings = ParserSettings(engine=engine_name)
         self.hooks = CustomHooks()
         self.streaming = False
+        self._steps = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -118,12 +125,30 @@ class InferenceService:
             try:
                 batch.add_request(self._parse(item))
             except DjlHandlersError as exc:
+                LOG.info("RequestId=[%s] rejected: %s", item.get_property(REQUEST_ID_PROPERTY) or "-", exc)
                 batch.add_error(exc)
         out = new_output(inputs)
         for index, (record, content_type) in enumerate(batch.step()):
             out.add(type(out).binary_encode(record), key="data", batch_index=index)
             out.add_property(f"batch_{index}_Content-Type", content_type)
+        self._add_engine_stats(out, len(batch))
         return out
+
+    def _add_engine_stats(self, out: Any, running: int) -> None:
+        """Engine figures (KV-cache use, batch size) as ``ENGINE_STATS_PROPERTY`` on the first step,
+        every ``ENGINE_STATS_EVERY_STEPS`` steps and when the batch has just emptied (see
+        ``extensions``); counted in steps, not time, so equal inputs give equal outputs."""
+        self._steps += 1
+        if running and (self._steps - 1) % ENGINE_STATS_EVERY_STEPS:
+            return
+        stats: dict[str, Any] = {"batch_size": running}
+        usage = getattr(self.engine, "kv_cache_usage", None)
+        if callable(usage):
+            try:
+                stats.update(usage() or {})
+            except Exception:  # noqa: BLE001 - a figure must never fail the step
+                LOG.debug("kv_cache_usage() failed", exc_info=True)
+        out.add_property(ENGINE_STATS_PROPERTY, json.dumps(stats, separators=(",", ":")))
 
     def _parse(self, item: Any) -> Request:
         request = parse_request(item, self.settings)

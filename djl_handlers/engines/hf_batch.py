@@ -146,6 +146,21 @@ class KVBatch:
                 layer.crop_left(lead)
             self.mask = self.mask[:, lead:]
 
+    def kv_bytes(self) -> tuple[int, int]:
+        """(bytes holding real tokens, bytes allocated) over every slab layer; padding columns and
+        the slab's spare ``GROW`` columns count as allocated but unused."""
+        allocated = used = 0
+        real = int(self.mask.sum())
+        for layer in self.cache.layers:
+            k, v = getattr(layer, "_k", None), getattr(layer, "_v", None)
+            if k is None or v is None:
+                continue
+            size = k.numel() * k.element_size() + v.numel() * v.element_size()
+            slots = k.shape[0] * k.shape[2]  # rows x capacity
+            allocated += size
+            used += size * real // slots if slots else 0
+        return used, allocated
+
     def grow_mask(self) -> None:
         """Append one real column to the mask (before a decode forward)."""
         ones = torch.ones((self.mask.shape[0], 1), dtype=self.mask.dtype, device=self.mask.device)

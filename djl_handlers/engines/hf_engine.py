@@ -216,6 +216,15 @@ class HFEngine:
             return (0, 0)
         return (int(self._batch.mask.shape[0]), int(self._batch.mask.shape[1]))
 
+    def kv_cache_usage(self) -> dict[str, float]:
+        """The running batch's KV slab: bytes holding real tokens, bytes allocated, and their ratio
+        (0 with no batch). Read by the service for ``/metrics``; costs one mask sum."""
+        if self._batch is None:
+            return {"kv_cache_usage": 0.0, "kv_cache_used_bytes": 0, "kv_cache_allocated_bytes": 0}
+        used, allocated = self._batch.kv_bytes()
+        return {"kv_cache_usage": used / allocated if allocated else 0.0,
+                "kv_cache_used_bytes": used, "kv_cache_allocated_bytes": allocated}
+
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
         """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see ``hf_static``)."""
         return static_generate(self, requests)

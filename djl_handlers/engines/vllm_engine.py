@@ -185,6 +185,9 @@ def _eos_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset([eos]) if isinstance(eos, int) else frozenset(int(i) for i in eos)
 
 
+_KV_METRICS = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
 @dataclass
 class _Track:
     """What the adapter already reported for one request."""
@@ -263,6 +266,18 @@ class VllmEngine:
 
     def has_unfinished(self) -> bool:
         return any(not t.finished for t in self._tracks.values())
+
+    def kv_cache_usage(self) -> Optional[dict[str, float]]:
+        """vLLM's own KV-cache figure (``vllm:kv_cache_usage_perc``, 0..1) from
+        ``LLMEngine.get_metrics()``; None when this vLLM has no such reader or stats are off."""
+        get_metrics = getattr(self.engine, "get_metrics", None)
+        if not callable(get_metrics):
+            return None
+        for metric in get_metrics() or ():
+            value = getattr(metric, "value", None)
+            if getattr(metric, "name", None) in _KV_METRICS and isinstance(value, (int, float)):
+                return {"kv_cache_usage": float(value)}
+        return None
 
     # -- conversion --------------------------------------------------------------------------------
     def _convert(self, rid: int, track: _Track, output: Any) -> list[StepOutput]:

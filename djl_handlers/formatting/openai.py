@@ -7,8 +7,9 @@ write compact JSON like OpenAI/vLLM; ``json_chat`` and ``jsonlines_chat`` keep D
 
 What the formatters read from ``out.request.extra`` (the parser copies the OpenAI body fields):
 
-- ``id`` (str): response id; when absent one is made (``chatcmpl-<hex>`` / ``cmpl-<hex>``) and
-  stored back into ``extra`` so every chunk of the stream carries the same id.
+- ``id`` (str): response id; when absent one is made (``chatcmpl-<request id>`` / ``cmpl-<request id>``
+  from the ``requestId`` property, else ``-<hex>``) and stored back into ``extra`` so every chunk of
+  the stream carries the same id.
 - ``created`` (int): Unix time; when absent the current time, stored back likewise.
 - ``model`` (str): echoed as ``model``; ``"lmi"`` when absent.
 - ``logprobs``: chat: bool; completions: int (legacy ``logprobs: N``); absent/None/false: none.
@@ -30,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Optional
 
+from djl_handlers.extensions import REQUEST_ID_PROPERTY
 from djl_handlers.formatting.lmi import (
     PLACEHOLDER_TOKEN,
     Formatter,
@@ -61,9 +63,13 @@ def _extra_default(out: RequestOutput, key: str, make: Callable[[], Any]) -> Any
 
 
 def response_id(out: RequestOutput, kind: str) -> str:
-    """The response id from ``extra["id"]``, made and stored there on first use."""
+    """The response id from ``extra["id"]``, made and stored there on first use: ``<prefix>-<request
+    id>`` when the front end sent DJL's ``requestId`` property (the HTTP ``x-request-id``), else a
+    random hex id."""
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    return str(_extra_default(out, "id", lambda: f"{prefix}-{uuid.uuid4().hex}"))
+    request_id = out.request.properties.get(REQUEST_ID_PROPERTY)
+    suffix = request_id if request_id else None
+    return str(_extra_default(out, "id", lambda: f"{prefix}-{suffix or uuid.uuid4().hex}"))
 
 
 def created_time(out: RequestOutput) -> int:

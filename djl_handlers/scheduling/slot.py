@@ -7,17 +7,22 @@ length), and asks the request's formatter for the text to send after each step.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.engines.base import Engine, StepOutput, Tokenizer
 from djl_handlers.errors import PromptTooLong
+from djl_handlers.extensions import REQUEST_ID_PROPERTY, STATS_RECORD_KEY, STEP_TOKENS_KEY
 from djl_handlers.request.records import Request, RequestOutput, Token
 from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
 from djl_handlers.scheduling.stopping import StopSequenceMatcher
 
 if TYPE_CHECKING:
     from djl_handlers.formatting import Formatter
+
+LOG = logging.getLogger(__name__)
 
 
 class RequestSlot:
@@ -74,6 +79,8 @@ class RequestSlot:
         self.output.error = message or "request failed"
         self.output.error_code = code
         self.finish("error")
+        LOG.log(logging.WARNING if code >= 500 else logging.INFO, "RequestId=[%s] failed (%d): %s",
+                self.request.properties.get(REQUEST_ID_PROPERTY, "-"), code, self.output.error)
 
     def cancel(self) -> None:
         """The client went away: finish at once, silently."""
@@ -145,13 +152,25 @@ class RequestSlot:
 
     # -- output ----------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
-        """The rolling-batch record for this step (DJL keys data/last/code/error)."""
+        """The rolling-batch record for this step: DJL's keys data/last/code/error, DJL's
+        ``step_token_num`` and, on the last record, ``djl_handlers_stats`` (see ``extensions``)."""
         out = self.output
         if out.error is not None:
-            return {"data": "", "last": True, "code": out.error_code or 424, "error": out.error}
+            return {"data": "", "last": True, "code": out.error_code or 424, "error": out.error,
+                    STEP_TOKENS_KEY: 0, STATS_RECORD_KEY: self.stats()}
         data = "" if self.cancelled else self.formatter(out)
+        record: dict[str, Any] = {"data": data, "last": out.finished, STEP_TOKENS_KEY: len(out.new_tokens)}
         out.new_tokens = []
-        return {"data": data, "last": out.finished}
+        if out.finished:
+            record[STATS_RECORD_KEY] = self.stats()
+        return record
+
+    def stats(self) -> str:
+        """Compact JSON of the request's token counts and finish reason (the last record's stats)."""
+        out = self.output
+        reason = "cancelled" if self.cancelled else (out.finish_reason or "")
+        stats = {"prompt_tokens": out.prompt_tokens, "generated_tokens": len(out.tokens), "finish_reason": reason}
+        return json.dumps(stats, separators=(",", ":"))
 
     @property
     def content_type(self) -> str:

@@ -5,7 +5,10 @@
 * :mod:`.worker_process` — the worker process over a unix socket (a ``Transport``);
 * :mod:`.runtime` — queue, batching drivers, restarts, draining;
 * :mod:`.app` — the Starlette routes; :mod:`.serve` — uvicorn with graceful shutdown;
-* :mod:`.generate` — one request in process (``djl-handlers generate``).
+* :mod:`.generate` — one request in process (``djl-handlers generate``);
+* :mod:`.telemetry`, :mod:`.metrics`, :mod:`.request_id`, :mod:`.logs`, :mod:`.tracing` — per-request
+  timing, ``/metrics`` (prometheus-client), ``x-request-id``, JSON logs, optional OpenTelemetry spans
+  (docs/observability.md).
 
 See docs/server.md.
 """

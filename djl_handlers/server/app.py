@@ -18,13 +18,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from djl_handlers.extensions import API_PROPERTY
+from djl_handlers.extensions import API_PROPERTY, REQUEST_ID_PROPERTY
 from djl_handlers.io import wire
 from djl_handlers.server.protocol import WorkerRequest
+from djl_handlers.server.request_id import RequestIdMiddleware
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
 from djl_handlers.server.sink import SinkResponse
 
@@ -88,6 +90,10 @@ async def to_worker_request(request: Request, api: str | None = None) -> WorkerR
     properties = _properties(request)
     if api is not None:
         properties[API_PROPERTY] = api
+    request_id = getattr(request.state, "request_id", None)
+    if request_id:  # as DJL's InferenceRequestHandler does; a client "requestId" header cannot shadow it
+        properties = {k: v for k, v in properties.items() if k.lower() != REQUEST_ID_PROPERTY.lower()}
+        properties[REQUEST_ID_PROPERTY] = request_id
     body = await _body(request)
     content: list[tuple[str | None, bytes]] = [
         (key, value.encode("utf-8")) for key, value in request.query_params.multi_items()
@@ -153,9 +159,8 @@ class _Endpoints:
         return JSONResponse([info])
 
     async def metrics(self, request: Request) -> Response:
-        runtime = self.runtime
-        text = runtime.metrics.render(runtime.queue_depth(), runtime.in_flight, runtime.alive())
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        body, content_type = self.runtime.metrics.render(request.headers.get("accept"))
+        return Response(body, headers={"content-type": content_type})
 
 
 def create_app(runtime: ModelRuntime) -> Starlette:
@@ -185,4 +190,4 @@ def create_app(runtime: ModelRuntime) -> Starlette:
         Route("/generate_stream", ep.routed("tgi_stream"), methods=["POST"]),
         Route("/", ep.routed("tgi"), methods=["POST"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RequestIdMiddleware)])

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from djl_handlers.extensions import CANCEL_PROPERTY
+from djl_handlers.extensions import CANCEL_PROPERTY, STATS_RECORD_KEY
 from djl_handlers.io import wire
 
 __all__ = [
@@ -206,6 +206,7 @@ class Record:
     code: int | None = None
     error: str | None = None
     tokens: int = 1
+    stats: str | None = None  # the last record's ``djl_handlers_stats`` JSON (see ``extensions``)
 
     def error_body(self, api: str | None = None) -> bytes:
         """DJL's compact chunk for a record carrying ``code``: ``{"error":..,"code":..}``.
@@ -235,16 +236,18 @@ def decode_record(blob: bytes) -> Record:
         return Record(data=str(legacy.get("data", "")), last=bool(legacy.get("last", False)))
     fields = wire.binary_decode(blob)
     code = fields.get("code")
-    try:
-        tokens = int(fields.get("step_token_num", "1"))
+    data = fields.get("data", "")
+    try:  # DJL's step_token_num; a handler without it: one token per record with data
+        tokens = int(fields.get("step_token_num", "1" if data else "0"))
     except ValueError:
-        tokens = 1
+        tokens = 1 if data else 0
     return Record(
-        data=fields.get("data", ""),
+        data=data,
         last=fields.get("last", "").lower() == "true",
         code=int(code) if code not in (None, "") else None,
         error=fields.get("error"),
         tokens=tokens,
+        stats=fields.get(STATS_RECORD_KEY),
     )
 
 

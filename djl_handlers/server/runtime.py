@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.io import wire
-from djl_handlers.server.metrics import Metrics
 from djl_handlers.server.protocol import (
     BatchFailure,
     Record,
@@ -37,6 +35,7 @@ from djl_handlers.server.protocol import (
 )
 from djl_handlers.server.settings import ServerSettings
 from djl_handlers.server.sink import ResponseSink, error_json
+from djl_handlers.server.telemetry import Telemetry
 from djl_handlers.server.worker_process import StartupError, WorkerDied, WorkerProcess, WorkerSpec
 
 __all__ = ["ModelRuntime", "QueueFull", "ShuttingDown"]
@@ -60,7 +59,8 @@ def _rolling_error(code: int, message: str) -> bytes:
 class ModelRuntime:
     """Owns the worker and schedules requests onto it."""
 
-    def __init__(self, settings: ServerSettings, worker: WorkerProcess | None = None) -> None:
+    def __init__(self, settings: ServerSettings, worker: WorkerProcess | None = None,
+                 log_prompts: bool = False) -> None:
         """Build the runtime; :meth:`start_worker` then :meth:`attach` make it serve."""
         self.settings = settings
         self.worker = worker or WorkerProcess(WorkerSpec(
@@ -68,7 +68,12 @@ class ModelRuntime:
             init_properties=settings.init_properties(), predict_timeout_s=settings.predict_timeout_s,
             loading_timeout_s=settings.loading_timeout_s, env=settings.worker_env,
         ))
-        self.metrics = Metrics(model=settings.model_name)
+        self.telemetry = Telemetry(
+            settings.model_name, running=lambda: self.in_flight, waiting=self.queue_depth,
+            worker_up=lambda: int(self.alive()), log_prompts=log_prompts,
+            max_model_len=settings.options.get("max_model_len"),
+        )
+        self.metrics = self.telemetry.metrics
         self.accepting = True
         self.in_flight = 0
         self.outstanding: set[ResponseSink] = set()
@@ -104,6 +109,7 @@ class ModelRuntime:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.worker.stop)
         self._executor.shutdown(wait=False)
+        self.telemetry.close()
 
     def alive(self) -> bool:
         """True when the worker is up and initialized."""
@@ -135,6 +141,7 @@ class ModelRuntime:
         if len(self._queue) >= self.settings.job_queue_size:
             raise QueueFull(f"the job queue is full ({self.settings.job_queue_size} requests waiting)")
         sink = ResponseSink(on_done=self._done, on_cancel=self._cancelled)
+        sink.trace = self.telemetry.start(request.properties, request.content)
         self.outstanding.add(sink)
         self._queue.append((request, sink))
         self._poke()
@@ -146,14 +153,10 @@ class ModelRuntime:
 
     def _done(self, sink: ResponseSink) -> None:
         self.outstanding.discard(sink)
-        self.metrics.observe(sink.status or 499, self._elapsed(sink))
-
-    @staticmethod
-    def _elapsed(sink: ResponseSink) -> float:
-        return time.monotonic() - sink.created
+        self.telemetry.finish(sink.trace, sink.status or 499, sink.cancelled)
 
     def _cancelled(self, sink: ResponseSink) -> None:
-        self.metrics.cancelled += 1
+        self.metrics.cancelled.inc()
         if sink.slot is not None:
             sink.slot.cancelled = True
         self._poke()
@@ -172,7 +175,7 @@ class ModelRuntime:
 
     async def _restart(self) -> None:
         """Restart a dead worker (with its init call); on failure fail the waiting requests."""
-        self.metrics.restarts += 1
+        self.metrics.restarts.inc()
         _LOG.warning("worker process is not running; restarting it")
         loop = asyncio.get_running_loop()
         try:
@@ -222,6 +225,8 @@ class ModelRuntime:
         properties, content = batch_frame([request for request, _ in batch], self.settings.handler)
         loop = asyncio.get_running_loop()
         self.in_flight = len(batch)
+        for sink in sinks:
+            self.telemetry.admitted(sink.trace)
         try:
             replies = await loop.run_in_executor(self._executor, self._exchange, properties, content, sinks)
         except WorkerDied as exc:
@@ -258,6 +263,7 @@ class ModelRuntime:
         call(sink.start, frame.code, dict(frame.properties))
         for data, _more in frame.chunks:
             if data:
+                call(self.telemetry.chunk, sink.trace)
                 call(sink.write, data)
         call(sink.finish)
 
@@ -276,11 +282,11 @@ class ModelRuntime:
             if not batcher.slots:
                 continue
             properties, content = batcher.build_step()
-            self.in_flight = len(batcher.slots)
-            self.metrics.rolling_batch_size = len(batcher.slots)
+            self.in_flight = size = len(batcher.slots)
             try:
                 frame = await loop.run_in_executor(self._executor, self._call_drained, properties, content)
                 results = batcher.apply(frame)
+                self.telemetry.rolling_step(results, frame.properties, size)
             except WorkerDied as exc:
                 self._fail_slots(batcher.clear(), 500, str(exc))
                 continue
@@ -300,6 +306,7 @@ class ModelRuntime:
                 continue
             slot = Slot(request=WorkerRequest(request.properties, [("data", request.data())]), owner=sink)
             sink.slot = slot
+            self.telemetry.admitted(sink.trace)
             batcher.add(slot)
 
     def _call_drained(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> Any:
@@ -317,8 +324,6 @@ class ModelRuntime:
     def _deliver(self, slot: Slot, record: Record, headers: dict[str, str]) -> None:
         """Apply one record to its HTTP response, the way DJL's ``Request.addResponse`` does."""
         sink: ResponseSink = slot.owner
-        if record.data:
-            self.metrics.tokens += record.tokens
         if sink.done:
             return  # cancelled or already failed: discard until the slot finishes
         merged = dict(headers)

@@ -68,9 +68,11 @@ class DrainingServer(uvicorn.Server):
 
 
 def run_server(settings: ServerSettings, host: str, port: int, grace_s: float,
-               on_listening: Callable[[str, int], None] | None = None) -> int:
-    """Start the worker, serve until a signal, return the exit status (StartupError propagates)."""
-    runtime = ModelRuntime(settings)
+               on_listening: Callable[[str, int], None] | None = None, log_prompts: bool = False) -> int:
+    """Start the worker, serve until a signal, return the exit status (StartupError propagates).
+
+    ``log_prompts`` adds the prompt to each finished-request log line (``--log-prompts``)."""
+    runtime = ModelRuntime(settings, log_prompts=log_prompts)
     runtime.start_worker()
     try:
         config = uvicorn.Config(create_app(runtime), host=host, port=port, lifespan="on",

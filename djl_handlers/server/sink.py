@@ -41,6 +41,7 @@ class ResponseSink:
         self.done = False
         self.cancelled = False
         self.slot: Any = None
+        self.trace: Any = None  # the runtime's telemetry record (server/telemetry.py)
         self.created = time.monotonic()
         self._on_done = on_done
         self._on_cancel = on_cancel
