@@ -4,6 +4,11 @@ The runtime (event-loop thread) calls :meth:`ResponseSink.start`, :meth:`write`,
 :meth:`respond` or :meth:`fail`; :class:`SinkResponse` awaits the head, sends it, then relays chunks,
 and cancels the sink when the client disconnects. Status and headers are fixed by the first chunk,
 as in DJL (a rolling-batch record error before any data sets the status).
+
+Cost per chunk is kept flat (docs/benchmarks.md, server): a write appends to a list and wakes the one
+waiting consumer through a bare future (no queue, no task per chunk); the consumer sends everything
+that arrived since its last send as one HTTP chunk; a single watcher task per request turns a client
+disconnect into :meth:`ResponseSink.cancel`, which wakes the consumer.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ class ResponseSink:
         self._on_done = on_done
         self._on_cancel = on_cancel
         self._head = asyncio.Event()
-        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._pending: list[bytes] = []
+        self._ended = False  # no chunk follows the pending ones
+        self._waiter: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ producer side
 
@@ -62,7 +69,15 @@ class ResponseSink:
     def write(self, data: bytes) -> None:
         """Queue a body chunk (empty chunks are skipped)."""
         if data and not self.done:
-            self._chunks.put_nowait(bytes(data))
+            self._pending.append(bytes(data))
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def finish(self) -> None:
         """End the body; a response that never started becomes an empty 200."""
@@ -71,7 +86,8 @@ class ResponseSink:
         if not self.started:
             self.start(200, {})
         self.done = True
-        self._chunks.put_nowait(None)
+        self._ended = True
+        self._wake()
         if self._on_done is not None:
             self._on_done(self)
 
@@ -106,7 +122,8 @@ class ResponseSink:
             self.status = 499
         self.done = True
         self._head.set()
-        self._chunks.put_nowait(None)
+        self._ended = True
+        self._wake()
         if self._on_cancel is not None:
             self._on_cancel(self)
         if self._on_done is not None:
@@ -119,8 +136,19 @@ class ResponseSink:
         await self._head.wait()
 
     async def next_chunk(self) -> bytes | None:
-        """The next body chunk, ``None`` at the end."""
-        return await self._chunks.get()
+        """Every body chunk written since the last call, joined; ``None`` at the end."""
+        while not self._pending:
+            if self._ended:
+                return None
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            await waiter
+        pending = self._pending
+        if len(pending) == 1:
+            data = pending[0]
+        else:
+            data = b"".join(pending)
+        pending.clear()
+        return data
 
 
 def _raw_headers(headers: dict[str, str], length: int | None) -> list[tuple[bytes, bytes]]:
@@ -131,10 +159,12 @@ def _raw_headers(headers: dict[str, str], length: int | None) -> list[tuple[byte
     return raw
 
 
-async def _wait_disconnect(receive: Callable[[], Any]) -> None:
+async def _watch_disconnect(receive: Callable[[], Any], sink: ResponseSink) -> None:
+    """Cancel ``sink`` when the client goes away (uvicorn also reports the end of a sent response)."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            sink.cancel()  # no-op once the response is complete
             return
 
 
@@ -145,31 +175,22 @@ class SinkResponse:
         """Wrap ``sink``."""
         self.sink = sink
 
-    async def _race(self, awaitable: Any, watcher: asyncio.Task[None]) -> tuple[bool, Any]:
-        """Await ``awaitable`` unless the client disconnects first: ``(finished, result)``."""
-        task = asyncio.ensure_future(awaitable)
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return True, task.result()
-        task.cancel()
-        return False, None
-
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Send head and chunks; a disconnect cancels the sink."""
         sink = self.sink
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, sink))
         try:
-            ok, _ = await self._race(sink.wait_head(), watcher)
-            if not ok or sink.status is None:
+            await sink.wait_head()
+            if sink.cancelled or sink.status is None:
                 sink.cancel()
                 return
-            await self._send_all(send, watcher)
+            await self._send_all(send)
         except OSError:
             sink.cancel()
         finally:
             watcher.cancel()
 
-    async def _send_all(self, send: Any, watcher: asyncio.Task[None]) -> None:
+    async def _send_all(self, send: Any) -> None:
         sink = self.sink
         assert sink.status is not None
         no_body = sink.status in (204, 304) or sink.status < 200
@@ -182,10 +203,9 @@ class SinkResponse:
         await send({"type": "http.response.start", "status": sink.status,
                     "headers": _raw_headers(sink.headers, None)})
         while True:
-            ok, chunk = await self._race(sink.next_chunk(), watcher)
-            if not ok:
-                sink.cancel()
-                return
+            chunk = await sink.next_chunk()
+            if sink.cancelled:
+                return  # the client went away: no end of body
             if chunk is None:
                 break
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
