@@ -73,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from djl_handlers.server.logs import configure_logging
     from djl_handlers.server.serve import run_server
     from djl_handlers.server.settings import load_settings
