@@ -49,8 +49,10 @@ class InferenceService:
         # load_hooks finds the same functions, so only string options go to the config.
         props = {k: v for k, v in properties.items() if not callable(v)}
         if props.get("embedded_model") and not props.get("model_id"):
+            from djl_handlers.config.preflight import init_options
             from djl_handlers.model.embedded import embedded_model_dir
 
+            init_options(props)  # the name must be one we ship, and its wheel installed
             props["model_id"] = str(embedded_model_dir())
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config, self.engine_name)
