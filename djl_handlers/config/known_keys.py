@@ -77,7 +77,7 @@ _ENGINE_ONLY_EXTRAS: Mapping[str, tuple[str, ...]] = {
 _ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
 
 
-class _Recorder(dict):  # type: ignore[type-arg]
+class _Recorder(dict[str, Any]):
     """An empty mapping that remembers every key looked up with ``get``."""
 
     def __init__(self) -> None:

@@ -100,7 +100,7 @@ def recommended_for(entry_point: str, model_dir: str | os.PathLike[str]) -> str 
     from djl_handlers.config.properties import recommended_for_model_dir
 
     try:
-        return recommended_for_model_dir(model_dir)
+        return recommended_for_model_dir(Path(model_dir))
     except Exception:  # an unreadable serving.properties: no fallback, the missing function is reported
         _LOG.exception("cannot compute the recommended entry point for %s", model_dir)
         return None
