@@ -50,7 +50,7 @@ class RollingBatch:
             prompt_ids = self._tokenize(request)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
             slot = RequestSlot(request, formatter, slot_id)
-            slot.fail(message_of(exc), status_of(exc))
+            slot.fail(_naming_field(exc), status_of(exc))
             self.slots.append(slot)
             return slot
         slot = RequestSlot(
@@ -76,7 +76,7 @@ class RollingBatch:
 
         stub = request or _error_request()
         slot = RequestSlot(stub, get_formatter("json", stream=False), self._new_id())
-        slot.fail(message_of(exc), status_of(exc))
+        slot.fail(_naming_field(exc), status_of(exc))
         self.slots.append(slot)
         return slot
 
@@ -140,3 +140,13 @@ def _error_request() -> Request:
     from djl_handlers.params.generation import GenerationParameters
 
     return Request(prompt="", params=GenerationParameters())
+
+
+def _naming_field(exc: BaseException) -> str:
+    """The error text of a rolling-batch record, naming the field: DJL's front end sends only
+    ``{"error", "code"}`` for a record, so a field the message does not mention is prefixed."""
+    message = message_of(exc)
+    field = getattr(exc, "field", None)
+    if isinstance(exc, DjlHandlersError) and field and field not in message:
+        return f"{field}: {message}"
+    return message
