@@ -32,3 +32,15 @@ def test_the_checker_sees_a_missing_reference() -> None:
     text = "see `reference/models_and_engines.md` and [x](../../shared/reference/perf_anchors.md)"
     assert CITED.findall(text) == ["reference/models_and_engines.md"]
     assert _relative_links(text) == ["../../shared/reference/perf_anchors.md"]
+
+
+def test_server_md_lists_every_route() -> None:
+    """Each ``Route("...")`` of the local server is a row of docs/server.md's route table."""
+    app = (REPO / "djl_handlers" / "server" / "app.py").read_text(encoding="utf-8")
+    routes = set(re.findall(r'Route\("([^"]+)"', app))
+    assert {"/v1/chat/completions", "/generate", "/"} <= routes
+    table = (REPO / "docs" / "server.md").read_text(encoding="utf-8")
+    rows = set(re.findall(r"^\| `(?:GET |POST |GET/POST )?([^` ]+)", table, flags=re.M))
+    documented = {r.split("[")[0] for r in rows}
+    missing = [r for r in routes if r not in documented and r.replace("/{version}", "") not in documented]
+    assert not missing, f"docs/server.md's route table lacks {missing}"
