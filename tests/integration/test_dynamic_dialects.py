@@ -34,9 +34,15 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterato
         for name, lines in {
             "dynamic": ("batch_size=2", "max_batch_delay=10", "option.rolling_batch=disable"),
             "dynamic-streaming": ("option.rolling_batch=disable", "option.enable_streaming=true"),
-            "rolling": ("option.rolling_batch=auto",),
+            "rolling": ("option.rolling_batch=auto", "option.dtpye=fp32"),
         }.items():
-            started[name] = ServerProcess(_model(root, tiny_dir, name, *lines), root / f"{name}.log")
+            model = _model(root, tiny_dir, name, *lines)
+            if name == "rolling":  # a model.py without handle(): the worker falls back to the HF handler (DJL 0.34)
+                (model / "model.py").write_text("def unrelated_helper():\n    return 1\n", encoding="utf-8")
+                props = model / "serving.properties"
+                props.write_text(props.read_text(encoding="utf-8").replace(
+                    "option.entryPoint=djl_handlers.huggingface\n", ""), encoding="utf-8")
+            started[name] = ServerProcess(model, root / f"{name}.log")
         yield started
     finally:
         for server in started.values():
@@ -83,6 +89,12 @@ def test_lmi_bodies_keep_the_dynamic_batch_list(servers: dict[str, ServerProcess
 
 
 BAD = {"inputs": "Hi", "parameters": {"temperature": -1}}
+
+
+def test_start_up_warns_about_unread_keys_and_falls_back_from_model_py(servers: dict[str, ServerProcess]) -> None:
+    log = servers["rolling"].log_path.read_text(encoding="utf-8")
+    assert "option.dtpye is not read by djl_handlers or DJL Serving; did you mean option.dtype?" in log
+    assert "using the recommended entry point djl_handlers.huggingface" in log, log[-3000:]
 
 
 def test_rolling_validation_error_is_a_400_that_names_the_field(servers: dict[str, ServerProcess]) -> None:
