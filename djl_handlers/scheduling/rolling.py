@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
-from djl_handlers.errors import DjlHandlersError, message_of, status_of
+from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_of
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -146,7 +146,7 @@ def _naming_field(exc: BaseException) -> str:
     """The error text of a rolling-batch record, naming the field: DJL's front end sends only
     ``{"error", "code"}`` for a record, so a field the message does not mention is prefixed."""
     message = message_of(exc)
-    field = getattr(exc, "field", None)
-    if isinstance(exc, DjlHandlersError) and field and field not in message:
+    field = safe_text(str(getattr(exc, "field", None) or ""))  # sendable, as the message is
+    if isinstance(exc, DjlHandlersError) and field and field not in message and repr(field)[1:-1] not in message:
         return f"{field}: {message}"
     return message

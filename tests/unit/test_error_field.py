@@ -17,3 +17,8 @@ def test_rolling_error_text_names_the_field() -> None:
 def test_dynamic_error_body_has_the_field_key() -> None:
     body = error_body(InvalidParameter("parameters.top_p must be a number in (0, 1], got 2", field="top_p"))
     assert (body["code"], body["field"], body["message"]) == (400, "top_p", "invalid request")
+
+
+def test_a_field_that_utf8_cannot_encode_is_escaped() -> None:
+    text = _naming_field(InvalidRequest("bad key", field="\ud800"))
+    assert text == "\\ud800: bad key" and text.encode("utf-8")
