@@ -154,8 +154,10 @@ class InferenceService:
             body: Any = next(texts) if isinstance(item, Request) else error_body(item)
             if isinstance(body, FormattedBody):
                 out.add(body.text, key="data", batch_index=index)
-                out.add_property(f"batch_{index}_Content-Type", body.content_type)
-                content_type = body.content_type if len(parsed) == 1 else content_type
+                if len(parsed) == 1:
+                    content_type = body.content_type
+                else:  # per-request header (djl_handlers' extension; DJL sends every property to all)
+                    out.add_property(f"batch_{index}_Content-Type", body.content_type)
             else:
                 out.add_as_json(body, key="data", batch_index=index)
         out.add_property("Content-Type", content_type)
