@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from djl_handlers.server.logs import configure_logging
     from djl_handlers.server.serve import run_server
     from djl_handlers.server.settings import load_settings
@@ -86,6 +88,8 @@ def _serve(args: argparse.Namespace) -> int:
         log.info("%s: %s", settings.model_name, settings.resolved.why())
         for warning in settings.resolved.warnings:
             log.warning("%s", warning)
+    # The entry point is not imported here (the worker does that); a model file gets the key checks only.
+    _preflight(settings, logging.getLogger("djl_handlers.server").warning, settings.entry_point)
 
     def listening(host: str, port: int) -> None:
         print(f"djl-handlers: serving {settings.model_name} at http://{host}:{port}", flush=True)
@@ -110,42 +114,55 @@ def _in_model_dir(model_dir: str) -> Iterator[None]:
         os.chdir(previous)
 
 
-_ENGINES = {
-    "djl_handlers.huggingface": "huggingface",
-    "djl_handlers.deepspeed": "deepspeed",
-    "djl_handlers.tensorrt_llm": "tensorrt_llm",
-    "djl_handlers.vllm": "vllm",
-}
+def _handler_module(settings: Any) -> tuple[str, str | None]:
+    """``(module the worker will run, recommended entry point or None)``, importing the entry point.
+
+    A model file without the handler function falls back to the recommended entry point, as the
+    worker does; with nothing to fall back to, the error names both fixes.
+    """
+    from djl_handlers.worker.loader import load_entry_point, recommended_for
+
+    with _in_model_dir(settings.model_dir):
+        module = load_entry_point(settings.entry_point, settings.model_dir)
+        if callable(getattr(module, settings.handler, None)):
+            return settings.entry_point, None
+        recommended = recommended_for(settings.entry_point, settings.model_dir)
+        if not recommended:
+            raise AttributeError(
+                f"entry point {settings.entry_point!r} has no function {settings.handler!r}, and nothing to "
+                "fall back to: set option.entryPoint (e.g. djl_handlers.huggingface) or option.model_id")
+        module = load_entry_point(recommended, settings.model_dir)
+        if not callable(getattr(module, settings.handler, None)):
+            raise AttributeError(f"entry point {recommended!r} has no function {settings.handler!r}")
+        return recommended, recommended
 
 
-def _serving_config(settings: Any) -> dict[str, Any] | None:
-    """The validated ``ServingConfig`` of one of our entry points (``None`` for a custom model.py)."""
-    import dataclasses
+def _preflight(settings: Any, warn: Callable[[str], Any], handler_module: str) -> dict[str, Any]:
+    """Run the init-time checks (``config.preflight``) for ``handler_module``; every unread key goes
+    to ``warn``. Returns ``check``'s additions to the report."""
+    from djl_handlers.config.preflight import preflight
 
-    from djl_handlers.config.models import ServingConfig
-
-    engine = _ENGINES.get(settings.entry_point)
-    if engine is None:
-        return None
-    config = ServingConfig.from_properties(settings.options, settings.server, engine)
-    return dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
+    with _in_model_dir(settings.model_dir):
+        result = preflight(handler_module, settings.model_dir, settings.options, settings.server)
+    for warning in result.warnings:
+        warn(warning)
+    return {"warnings": result.warnings, "servingConfig": result.serving_config}
 
 
 def _check(model_dir: str) -> int:
     from djl_handlers.errors import message_of
     from djl_handlers.server.settings import load_settings
-    from djl_handlers.worker.loader import load_entry_point
 
     settings = load_settings(model_dir)
     report: dict[str, Any] = settings.describe()
     for warning in settings.resolved.warnings if settings.resolved else ():
         print(f"djl-handlers: warning: {warning}", file=sys.stderr)
     try:
-        with _in_model_dir(settings.model_dir):
-            module = load_entry_point(settings.entry_point, settings.model_dir)
-        if not callable(getattr(module, settings.handler, None)):
-            raise AttributeError(f"entry point {settings.entry_point!r} has no function {settings.handler!r}")
-        report["servingConfig"] = _serving_config(settings)
+        handler_module, recommended = _handler_module(settings)
+        if recommended:
+            report["recommendedEntryPoint"] = recommended
+        report.update(_preflight(settings, lambda text: print(f"djl-handlers: warning: {text}", file=sys.stderr),
+                                 handler_module))
     except Exception as exc:
         print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)
         return 1

@@ -4,6 +4,10 @@ A ``model.py`` may define an input formatter (``(item, **kwargs) -> dict`` retur
 request body) and/or an output formatter (``(out: RequestOutput) -> str``, called once per
 step). Mark them with the decorators below, or name the functions ``input_formatter`` /
 ``output_formatter``. ``model.py`` is the operator's own code and is trusted.
+
+Such a ``model.py`` needs no ``handle`` function and no ``option.entryPoint``: as in DJL 0.34, the
+worker then runs the recommended handler (``config.properties.recommended_entry_point``, e.g.
+``djl_handlers.huggingface`` when ``option.model_id`` is set), whose service loads these hooks.
 """
 
 from __future__ import annotations

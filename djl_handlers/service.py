@@ -24,7 +24,7 @@ from djl_handlers.extensions import (
 from djl_handlers.io.compat import new_output
 from djl_handlers.request.parser import ParserSettings, parse_request
 from djl_handlers.request.records import Request
-from djl_handlers.scheduling.dynamic import run_dynamic_batch, stream_dynamic_request
+from djl_handlers.scheduling.dynamic import FormattedBody, run_dynamic_batch, stream_dynamic_request
 from djl_handlers.scheduling.rolling import RollingBatch
 
 LOG = logging.getLogger(__name__)
@@ -57,8 +57,10 @@ class InferenceService:
         # DJL's test_model sets model_dir=None (and batch_size=len(inputs)) on every call.
         props = {k: v for k, v in properties.items() if not callable(v) and v is not None}
         if props.get("embedded_model") and not props.get("model_id"):
+            from djl_handlers.config.preflight import init_options
             from djl_handlers.model.embedded import embedded_model_dir
 
+            init_options(props)  # the name must be one we ship, and its wheel installed
             props["model_id"] = str(embedded_model_dir())
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config, self.engine_name)
@@ -166,20 +168,51 @@ class InferenceService:
             except DjlHandlersError as exc:
                 parsed.append(exc)
         out = new_output(inputs)
-        if self.streaming and len(items) == 1 and isinstance(parsed[0], Request):
+        if self.streaming and len(items) == 1 and isinstance(parsed[0], Request) and not self._is_dialect(parsed[0]):
             out.add_property("Content-Type", "application/jsonlines")
             out.add_stream_content(stream_dynamic_request(self.engine, parsed[0]))
             return out
-        results = run_dynamic_batch(self.engine, [p for p in parsed if isinstance(p, Request)])
+        results = run_dynamic_batch(self.engine, [p for p in parsed if isinstance(p, Request)],
+                                    self._dialect_formatter)
         texts = iter(results)
+        content_type = "application/json"
         for index, item in enumerate(parsed):
-            if isinstance(item, Request):
-                body: Any = next(texts)
+            body: Any = next(texts) if isinstance(item, Request) else error_body(item)
+            if isinstance(body, FormattedBody):
+                out.add(body.text, key="data", batch_index=index)
+                if len(parsed) == 1:
+                    content_type = body.content_type
+                else:  # per-request header (djl_handlers' extension; DJL sends every property to all)
+                    out.add_property(f"batch_{index}_Content-Type", body.content_type)
             else:
-                body = error_body(item)
-            out.add_as_json(body, key="data", batch_index=index)
-        out.add_property("Content-Type", "application/json")
+                out.add_as_json(body, key="data", batch_index=index)
+        out.add_property("Content-Type", content_type)
         return out
+
+    def _is_dialect(self, request: Request) -> bool:
+        try:
+            return self._dialect_formatter(request) is not None
+        except DjlHandlersError:
+            return True  # run_dynamic_batch reports the error in the request's body
+
+    def _dialect_formatter(self, request: Request) -> Any:
+        """The formatter of a dynamic-batch request that asked for another dialect, else None.
+
+        The OpenAI and TGI routes, OpenAI bodies, ``option.tgi_compat``, Bedrock bodies and a
+        named ``output_formatter`` other than the LMI ones get their dialect's whole answer;
+        LMI requests keep the dynamic-batch list.
+        """
+        from djl_handlers.formatting.registry import resolve_name
+
+        spec = request.output_formatter
+        if not isinstance(spec, str) or not spec:
+            if not self.settings.tgi_compat or callable(spec):
+                return None
+        name = resolve_name(spec if isinstance(spec, str) else None, stream=request.stream,
+                            tgi_compat=self.settings.tgi_compat)
+        if name in ("json", "jsonlines", "none"):
+            return None
+        return self._formatter_for(request)
 
 
 def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str]]:

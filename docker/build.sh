@@ -53,18 +53,42 @@ case "$MODEL_DIR" in
     ;;
 esac
 
+# The embedded model is converted at build time with the hf extra's torch, transformers 5 and gguf;
+# an image built without them cannot convert it, and a recipe that names it cannot run without it.
+if [ "$EMBEDDED_MODEL" = "1" ] && [[ ",$EXTRAS," != *,hf,* && ",$EXTRAS," != *,deepspeed,* ]]; then
+  echo "build.sh: --extras '$EXTRAS' cannot convert the embedded model (it needs the hf or deepspeed extra:" \
+       "torch, transformers 5, gguf); add --no-embedded-model and use a model directory whose" \
+       "option.model_id names your weights (e.g. serving.properties.examples/lmi-dist)" >&2
+  exit 2
+fi
+if [ "$EMBEDDED_MODEL" = "0" ] && grep -Eq '^[[:space:]]*option\.embedded_model[[:space:]]*[=:]' "$MODEL_DIR/serving.properties"; then
+  echo "build.sh: $MODEL_DIR uses option.embedded_model, which --no-embedded-model leaves out of the image" >&2
+  exit 2
+fi
+
 if [ "$SKIP_WHEEL" != "1" ]; then
   if [ -z "${PYTHON:-}" ]; then
     if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
   fi
   mkdir -p dist
-  rm -f dist/djl_handlers-*.whl
+  # Build into a fresh folder and replace the old wheel only once the new one exists. -I keeps the
+  # working directory off sys.path: a leftover build/ folder (setuptools' in-tree build) would
+  # otherwise be imported as the "build" package.
+  staging=$(mktemp -d dist/.wheel-XXXXXX)
+  trap 'rm -rf "$staging"' EXIT
   echo "build.sh: building the wheel with $PYTHON"
-  if "$PYTHON" -c "import build" 2>/dev/null; then
-    "$PYTHON" -m build --wheel --outdir dist .
+  if "$PYTHON" -I -c "import build.__main__" 2>/dev/null; then
+    "$PYTHON" -I -m build --wheel --outdir "$staging" .
   else
-    "$PYTHON" -m pip wheel --no-deps --no-build-isolation --wheel-dir dist .
+    "$PYTHON" -I -m pip wheel --no-deps --no-build-isolation --wheel-dir "$staging" .
   fi
+  built=("$staging"/djl_handlers-*.whl)
+  if [ ! -f "${built[0]}" ]; then
+    echo "build.sh: the wheel build produced no $staging/djl_handlers-*.whl; dist/ is unchanged" >&2
+    exit 1
+  fi
+  rm -f dist/djl_handlers-*.whl
+  mv "${built[@]}" dist/
 fi
 shopt -s nullglob
 wheels=(dist/djl_handlers-*.whl)

@@ -258,18 +258,44 @@ def _model_file(model_dir: Path) -> str | None:
     return None
 
 
+def recommended_entry_point(
+    model_dir: str | Path, props: ModelProperties, env: Mapping[str, str] | None = None
+) -> str | None:
+    """The handler module to use when no entry point is named and no model file decides.
+
+    DJL 0.34's ``PyModel.load`` computes such a "recommended entry point" next to the model file
+    (``djl_python.tensorrt_llm`` when ``SERVING_FEATURES`` is ``trtllm``, ``djl_python.huggingface``
+    when ``option.model_id`` is set or the directory holds ``config.json``); its worker falls back
+    to it when ``model.py`` has no handler function. Ours, in order: engine ``DeepSpeed`` ⇒
+    ``djl_handlers.deepspeed`` → ``option.rolling_batch=trtllm`` (or ``SERVING_FEATURES``
+    containing ``trtllm``) ⇒ ``djl_handlers.tensorrt_llm`` → ``option.rolling_batch`` ``vllm``/
+    ``lmi-dist`` ⇒ ``djl_handlers.vllm`` → ``option.model_id`` or ``option.embedded_model`` set,
+    or ``config.json`` in the directory ⇒ ``djl_handlers.huggingface`` → ``None``.
+    """
+    env = os.environ if env is None else env
+    if (props.engine or "").lower() == "deepspeed":
+        return "djl_handlers.deepspeed"
+    rolling = props.options.get("rolling_batch", "").strip().lower()
+    if rolling == "trtllm" or "trtllm" in env.get("SERVING_FEATURES", "").lower():
+        return "djl_handlers.tensorrt_llm"
+    if rolling in ("vllm", "lmi-dist"):
+        return "djl_handlers.vllm"
+    if (props.options.get("model_id") or props.options.get("embedded_model")
+            or (Path(model_dir) / "config.json").is_file()):
+        return "djl_handlers.huggingface"
+    return None
+
+
 def resolve_entry_point(
     model_dir: str | Path, props: ModelProperties, env: Mapping[str, str] | None = None
 ) -> str:
-    """Pick the handler module the way DJL v0.27's ``PyModel.load`` does, adapted to us.
+    """Pick the handler module the way DJL's ``PyModel.load`` does, adapted to us.
 
     Order: ``option.entryPoint`` → env ``DJL_ENTRY_POINT`` → ``model.py`` (or
-    ``<dir name>.py``) in the model directory → engine ``DeepSpeed`` ⇒ ``djl_handlers.deepspeed``
-    → ``option.rolling_batch=trtllm`` (or env ``SERVING_FEATURES`` containing ``trtllm``) ⇒
-    ``djl_handlers.tensorrt_llm`` → ``option.rolling_batch`` ``vllm``/``lmi-dist`` ⇒
-    ``djl_handlers.vllm`` → ``option.model_id`` set ⇒ ``djl_handlers.huggingface`` →
-    ``ConfigError``. DJL's own module names (``djl_python.huggingface`` ...) map to ours.
-    A model file is returned as its file name (``model.py``), relative to the model directory.
+    ``<dir name>.py``) in the model directory → ``recommended_entry_point`` → ``ConfigError``.
+    DJL's own module names (``djl_python.huggingface`` ...) map to ours. A model file is returned
+    as its file name (``model.py``), relative to the model directory; when it has no handler
+    function the worker falls back to ``recommended_entry_point`` (as DJL 0.34's worker does).
     """
     env = os.environ if env is None else env
     explicit = props.options.get("entryPoint")
@@ -280,17 +306,16 @@ def resolve_entry_point(
     found = _model_file(Path(model_dir))
     if found is not None:
         return found
-    if (props.engine or "").lower() == "deepspeed":
-        return "djl_handlers.deepspeed"
-    rolling = props.options.get("rolling_batch", "").strip().lower()
-    if rolling == "trtllm" or "trtllm" in env.get("SERVING_FEATURES", "").lower():
-        return "djl_handlers.tensorrt_llm"
-    if rolling in ("vllm", "lmi-dist"):
-        return "djl_handlers.vllm"
-    if props.options.get("model_id"):
-        return "djl_handlers.huggingface"
+    recommended = recommended_entry_point(model_dir, props, env)
+    if recommended is not None:
+        return recommended
     raise ConfigError(
         f"no entry point for model directory {str(model_dir)!r}: set option.entryPoint "
         f"(one of {list(HANDLER_MODULES)}), add a model.py, or set option.model_id",
         field="entryPoint",
     )
+
+
+def recommended_for_model_dir(model_dir: str | Path, env: Mapping[str, str] | None = None) -> str | None:
+    """``recommended_entry_point`` from the model directory's serving.properties + env."""
+    return recommended_entry_point(model_dir, load_model_properties(model_dir, env), env)

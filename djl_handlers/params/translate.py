@@ -48,7 +48,7 @@ _TABLE: Mapping[str, str] = {
     "length_penalty": "UUNUU",
     "early_stopping": "UUUUU",
     "stop_token_ids": "UUNNN",
-    "include_stop_str_in_output": "UUNNN",
+    "include_stop_str_in_output": "EENNN",
     "logprobs": "UUNNN",
     "prompt_logprobs": "UUNNN",
     "skip_special_tokens": "EENNN",

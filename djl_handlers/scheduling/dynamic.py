@@ -10,9 +10,10 @@ modes agree on text, stop sequences and finish reasons.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import count
-from typing import Any
+from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest, StepOutput
 from djl_handlers.errors import error_body
@@ -33,23 +34,47 @@ def _prompts(request: Request) -> list[str]:
     return [request.inputs] if isinstance(request.inputs, str) else list(request.inputs)
 
 
-def _new_slot(engine: Engine, request: Request, prompt: str) -> tuple[RequestSlot, list[int]]:
+@dataclass(frozen=True)
+class FormattedBody:
+    """A request's whole answer in its own dialect (OpenAI, TGI ...), with its Content-Type."""
+
+    text: str
+    content_type: str
+
+
+FormatterFor = Callable[[Request], Optional[Any]]
+
+
+def _new_slot(engine: Engine, request: Request, prompt: str, whole: bool = False) -> tuple[RequestSlot, list[int]]:
+    """A slot for one prompt; ``whole`` keeps the request itself (a formatter needs its extras)."""
     ids = tokenize_prompt(engine, request, prompt)
-    sub = Request(prompt=prompt, params=request.params, inputs=prompt)
+    sub = request if whole else Request(prompt=prompt, params=request.params, inputs=prompt)
     slot = RequestSlot(
         sub, _NoFormatter(), next(_IDS), ids, engine.tokenizer, engine.eos_token_ids, engine.max_model_len
     )
     return slot, ids
 
 
-def run_dynamic_batch(engine: Engine, requests: Sequence[Request]) -> list[Any]:
-    """One body per request: ``[{"generated_text": ...}, ...]`` (one per prompt) or an error body."""
+def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
+                      formatter_for: Optional[FormatterFor] = None) -> list[Any]:
+    """One body per request: ``[{"generated_text": ...}, ...]`` (one per prompt) or an error body.
+
+    ``formatter_for(request)`` may name a formatter for a request that asked for another dialect
+    (the OpenAI and TGI routes, ``option.tgi_compat`` ...): that request's body is then the
+    formatter's whole answer, a ``FormattedBody``, as rolling batch would have sent it.
+    """
     slots: dict[int, list[RequestSlot]] = {}
+    formatters: dict[int, Any] = {}
     errors: dict[int, Any] = {}
     groups: dict[Any, list[tuple[RequestSlot, list[int]]]] = defaultdict(list)
     for index, request in enumerate(requests):
         try:
-            made = [_new_slot(engine, request, p) for p in _prompts(request)]
+            formatter = formatter_for(request) if formatter_for is not None else None
+            if formatter is not None and isinstance(request.inputs, str):
+                formatters[index] = formatter
+                made = [_new_slot(engine, request, request.prompt, whole=True)]
+            else:
+                made = [_new_slot(engine, request, p) for p in _prompts(request)]
         except Exception as exc:  # noqa: BLE001 - this request's own error
             errors[index] = error_body(exc)
             continue
@@ -61,6 +86,10 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request]) -> list[Any]:
     for index in range(len(requests)):
         if index in errors:
             bodies.append(errors[index])
+        elif index in formatters:
+            output = slots[index][0].output
+            output.new_tokens = list(output.tokens)  # the formatter sees the whole generation as one step
+            bodies.append(FormattedBody(formatters[index](output), formatters[index].content_type))
         elif any(s.output.error for s in slots[index]):
             failed = next(s for s in slots[index] if s.output.error)
             bodies.append({"code": failed.output.error_code, "message": "prediction failure",

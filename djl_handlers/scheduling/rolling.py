@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
-from djl_handlers.errors import DjlHandlersError, message_of, status_of
+from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_of
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -50,7 +50,7 @@ class RollingBatch:
             prompt_ids = self._tokenize(request)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
             slot = RequestSlot(request, formatter, slot_id)
-            slot.fail(message_of(exc), status_of(exc))
+            slot.fail(_naming_field(exc), status_of(exc))
             self.slots.append(slot)
             return slot
         slot = RequestSlot(
@@ -76,7 +76,7 @@ class RollingBatch:
 
         stub = request or _error_request()
         slot = RequestSlot(stub, get_formatter("json", stream=False), self._new_id())
-        slot.fail(message_of(exc), status_of(exc))
+        slot.fail(_naming_field(exc), status_of(exc))
         self.slots.append(slot)
         return slot
 
@@ -140,3 +140,13 @@ def _error_request() -> Request:
     from djl_handlers.params.generation import GenerationParameters
 
     return Request(prompt="", params=GenerationParameters())
+
+
+def _naming_field(exc: BaseException) -> str:
+    """The error text of a rolling-batch record, naming the field: DJL's front end sends only
+    ``{"error", "code"}`` for a record, so a field the message does not mention is prefixed."""
+    message = message_of(exc)
+    field = safe_text(str(getattr(exc, "field", None) or ""))  # sendable, as the message is
+    if isinstance(exc, DjlHandlersError) and field and field not in message and repr(field)[1:-1] not in message:
+        return f"{field}: {message}"
+    return message

@@ -50,6 +50,11 @@ class RequestSlot:
         )
         self._eos = frozenset() if getattr(params, "ignore_eos_token", False) else eos_token_ids
         self._stops = StopSequenceMatcher(params.stop_sequences or ())
+        # The stop string is removed from the text (docs/parameters.md): text that could be the start
+        # of one is held back until it cannot be, unless include_stop_str_in_output keeps it.
+        self._keep_stop = bool(getattr(params, "include_stop_str_in_output", False))
+        self._hold = 0 if self._keep_stop or not self._stops else max(len(x) for x in params.stop_sequences) - 1
+        self._held = ""
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
         self._prompt_ids = prompt_ids
         self._tokenizer = tokenizer
@@ -67,10 +72,12 @@ class RequestSlot:
         out = self.output
         if out.finished:
             return
-        if self._detok is not None and reason != "error":
-            tail = self._detok.flush()
-            if tail and out.tokens:
+        if reason != "error" and out.tokens:
+            # text held back for a possible stop string (none came), then the detokenizer's tail
+            tail = self._held + (self._detok.flush() if self._detok is not None else "")
+            if tail:
                 self._replace_last_text(out.tokens[-1].text + tail)
+        self._held = ""
         out.finished = True
         out.finish_reason = reason
 
@@ -124,6 +131,9 @@ class RequestSlot:
         return [self._lone_token(tid, lp) for tid, lp in zip(self._prompt_ids, lps, strict=False)]
 
     def _check_stop(self, step: StepOutput, is_eos: bool) -> None:
+        if (step.finish_reason is not None or is_eos) and self._held:  # held text precedes this token's
+            self._replace_last_text(self._held + self.output.tokens[-1].text)
+            self._held = ""
         if step.finish_reason is not None:
             self.finish(step.finish_reason)
             return
@@ -134,11 +144,17 @@ class RequestSlot:
         if self._stops and last:
             match = self._stops.push(last)
             if match is not None:
-                if match.end < len(last):
-                    self._replace_last_text(last[: match.end])
+                end = match.end if self._keep_stop else len(self._held) + match.end - len(match.sequence)
+                self._replace_last_text((self._held + last)[:end] if not self._keep_stop else last[:end])
+                self._held = ""
                 self.output.finished = True  # no flush: the text after the stop is dropped
                 self.output.finish_reason = "stop_sequence"
                 return
+            if self._hold:
+                pending = self._held + last
+                cut = max(0, len(pending) - self._hold)
+                self._replace_last_text(pending[:cut])
+                self._held = pending[cut:]
         if len(self.output.tokens) >= self._limit:
             self.finish("length")
 

@@ -107,10 +107,16 @@ class WorkerProcess:
     def _command(self, sock_path: str) -> list[str]:
         script = os.environ.get("DJL_HANDLERS_WORKER_SCRIPT")
         head = [self.spec.python, script] if script else [self.spec.python, "-m", "djl_handlers.worker"]
-        return head + [
+        command = head + [
             "--sock-type", "unix", "--sock-name", sock_path, "--model-dir", self.spec.model_dir,
             "--entry-point", self.spec.entry_point, "--device-id", self.spec.device_id,
         ]
+        from djl_handlers.worker.loader import recommended_for
+
+        recommended = recommended_for(self.spec.entry_point, self.spec.model_dir)
+        if recommended:  # DJL 0.34 passes it too: the fallback when model.py has no handler function
+            command += ["--recommended-entry-point", recommended]
+        return command
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)

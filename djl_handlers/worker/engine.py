@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=None, help="tcp port")
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--entry-point", required=True)
+    parser.add_argument("--recommended-entry-point", default=None,
+                        help="used when the entry point file has no handler function (DJL 0.34)")
     parser.add_argument("--device-id", default="-1")
     parser.add_argument("--tensor-parallel-degree", default=None)
     return parser
@@ -143,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = {"device_id": str(args.device_id)}
     if args.tensor_parallel_degree is not None:
         extra["tensor_parallel_degree"] = str(args.tensor_parallel_degree)
-    service = HandlerService(args.entry_point, model_dir)
+    service = HandlerService(args.entry_point, model_dir, args.recommended_entry_point)
     listener = _bind(args)
     print(STARTED_LINE, flush=True)
     listener.settimeout(ACCEPT_TIMEOUT_S)

@@ -23,7 +23,7 @@ from typing import Any
 
 from djl_handlers.errors import message_of, status_of
 
-__all__ = ["HandlerService", "load_entry_point", "map_exception", "map_result"]
+__all__ = ["HandlerService", "load_entry_point", "map_exception", "map_result", "recommended_for"]
 
 _LOG = logging.getLogger(__name__)
 _OOM_NAMES = ("OutOfMemoryError", "MemoryError")
@@ -89,19 +89,56 @@ def map_result(result: Any) -> Any:
     return result
 
 
-class HandlerService:
-    """One entry point, loaded once on first use, called per message like DJL's ``ModelService``."""
+def recommended_for(entry_point: str, model_dir: str | os.PathLike[str]) -> str | None:
+    """The handler a model file falls back to when it has no handler function (``None`` if none).
 
-    def __init__(self, entry_point: str, model_dir: str | os.PathLike[str]) -> None:
+    Only a model file (``model.py``) falls back; it is computed from the model directory's
+    serving.properties + env (``config.properties.recommended_entry_point``).
+    """
+    if not entry_point.endswith(".py"):
+        return None
+    from djl_handlers.config.properties import recommended_for_model_dir
+
+    try:
+        return recommended_for_model_dir(Path(model_dir))
+    except Exception:  # an unreadable serving.properties: no fallback, the missing function is reported
+        _LOG.exception("cannot compute the recommended entry point for %s", model_dir)
+        return None
+
+
+class HandlerService:
+    """One entry point, loaded once on first use, called per message like DJL's ``ModelService``.
+
+    As in DJL 0.34's worker, a model file (``model.py``) without the handler function is replaced
+    by the recommended entry point (``recommended``, else computed by ``recommended_for``) on the
+    first call; the model file's formatters are still used (``custom_hooks``).
+    """
+
+    def __init__(self, entry_point: str, model_dir: str | os.PathLike[str],
+                 recommended: str | None = None) -> None:
         """Remember what to load; nothing is imported yet."""
         self.entry_point = entry_point
         self.model_dir = str(Path(model_dir).resolve())
+        self.recommended = recommended
         self._module: ModuleType | None = None
+        self._verified = False
 
     def module(self) -> ModuleType:
         """The loaded entry-point module (imported on the first call)."""
         if self._module is None:
             self._module = load_entry_point(self.entry_point, self.model_dir)
+        return self._module
+
+    def _fall_back(self, name: str) -> ModuleType | None:
+        """Load the recommended entry point in place of a model file without ``name``."""
+        if self.recommended is None:
+            self.recommended = recommended_for(self.entry_point, self.model_dir)
+        recommended = self.recommended
+        if recommended is None:
+            return None
+        _LOG.info("%s has no handler function %s; using the recommended entry point %s",
+                  self.entry_point, name, recommended)
+        self._module = load_entry_point(recommended, self.model_dir)
         return self._module
 
     def invoke(self, inputs: Any) -> Any:
@@ -118,6 +155,15 @@ class HandlerService:
             message = f"failed to load entry point {self.entry_point!r}: {message_of(exc)}"
             return _output_class()().error(message)
         function = getattr(module, name, None)
+        if not callable(function) and not self._verified:
+            self._verified = True
+            try:
+                module = self._fall_back(name) or module
+            except Exception as exc:
+                _LOG.exception("failed to load the recommended entry point")
+                return _output_class()().error(f"failed to load entry point {self.recommended!r}: {message_of(exc)}")
+            function = getattr(module, name, None)
+        self._verified = True
         if not callable(function):
             return _output_class()().error(f"entry point {self.entry_point!r} has no function {name!r}")
         try:

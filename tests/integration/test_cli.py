@@ -29,10 +29,11 @@ def test_check_prints_resolved_configuration(capsys: pytest.CaptureFixture[str])
 def test_check_builds_serving_config_for_our_handlers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "serving.properties").write_text(
-        "option.entryPoint=djl_handlers.huggingface\noption.model_id=/nowhere\noption.rolling_batch=auto\n")
+        f"option.entryPoint=djl_handlers.huggingface\noption.model_id={tmp_path}\noption.rolling_batch=auto\n")
     assert main(["check", str(tmp_path / "m")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["servingConfig"]["engine"] == "huggingface"
+    assert report["warnings"] == []
 
 
 def test_check_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,6 +47,66 @@ def test_check_fails_clearly(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (bad_import / "model.py").write_text("import no_such_module_qq\n")
     assert main(["check", str(bad_import)]) == 1
     assert "no_such_module_qq" in capsys.readouterr().err
+
+
+def _hf_dir(tmp_path: Path, *lines: str) -> Path:
+    model = tmp_path / "m"
+    model.mkdir(exist_ok=True)
+    text = "\n".join(["option.entryPoint=djl_handlers.huggingface", f"option.model_id={tmp_path}", *lines])
+    (model / "serving.properties").write_text(text + "\n", encoding="utf-8")
+    return model
+
+
+def test_check_warns_about_every_key_nothing_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _hf_dir(tmp_path, "engine=Python", "option.dtpye=bf16", "option.max_rolling_batchsize=4",
+                    "option.rolling_bach=disable", "batchsize=4", "option.pythonExecutable=python3", "minWorkers=1")
+    assert main(["check", str(model)]) == 0
+    captured = capsys.readouterr()
+    warned = [line for line in captured.err.splitlines() if line.startswith("djl-handlers: warning: ")]
+    assert len(warned) == 4, captured.err
+    typos = [("option.dtpye", "option.dtype"), ("option.max_rolling_batchsize", "option.max_rolling_batch_size"),
+             ("option.rolling_bach", "option.rolling_batch"), ("batchsize", "batch_size")]
+    for typo, meant in typos:
+        assert any(line.split("warning: ")[1].startswith(typo + " ") and f"did you mean {meant}" in line
+                   for line in warned), (typo, warned)
+    assert len(json.loads(captured.out)["warnings"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("engine=Pyhton", "engine='Pyhton' is invalid"),
+        ("option.output_formatter=jsonl", "unknown output_formatter 'jsonl'"),
+        ("option.model_id=/no/such/weights", "option.model_id='/no/such/weights': no such folder"),
+        ("option.embedded_model=tinyllama", "option.embedded_model='tinyllama' is invalid"),
+    ],
+)
+def test_check_fails_on_what_init_would_reject(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
+                                               message: str) -> None:
+    model = _hf_dir(tmp_path)
+    with open(model / "serving.properties", "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+    if line.startswith("option.embedded_model"):
+        (model / "serving.properties").write_text(
+            "option.entryPoint=djl_handlers.huggingface\n" + line + "\n", encoding="utf-8")
+    assert main(["check", str(model)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_check_model_py_without_handle_falls_back_like_djl(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.py").write_text("def output_formatter(out):\n    return ''\n", encoding="utf-8")
+    (model / "serving.properties").write_text("engine=Python\n", encoding="utf-8")
+    assert main(["check", str(model)]) == 1
+    err = capsys.readouterr().err
+    assert "has no function 'handle', and nothing to fall back to" in err and "option.model_id" in err
+    (model / "serving.properties").write_text(f"engine=Python\noption.model_id={tmp_path}\n", encoding="utf-8")
+    assert main(["check", str(model)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["entryPoint"], report["recommendedEntryPoint"]) == ("model.py", "djl_handlers.huggingface")
+    assert report["servingConfig"]["engine"] == "huggingface"
 
 
 def test_generate_rolling_drives_steps_until_last() -> None:

@@ -260,3 +260,28 @@ def test_tensor_parallel_two_ranks_on_cpu(
     assert all(r["shm_vector_kernel_level"] == 0 for r in ranks)
     assert list(extensions.iterdir()) == []  # the shm all-reduce op was not built
     print(f"tp=2: {elapsed:.1f} s wall, rank 0 load {ranks[0]['load_s']} s, run {ranks[0]['run_s']} s")
+
+
+@pytest.mark.parametrize("engine", ["deepspeed", "huggingface"])
+def test_stop_string_is_removed_on_both_engines(request: pytest.FixtureRequest, engine: str) -> None:
+    """docs/parameters.md: the matched stop string is not in the text (json and streamed tokens);
+    include_stop_str_in_output keeps it."""
+    service = request.getfixturevalue("ds_service" if engine == "deepspeed" else "hf_service")
+    prompt = "Deep learning is"
+    (plain,) = run_script(service.handle, [({"inputs": prompt, "parameters": {"max_new_tokens": 16}}, 0)])
+    reference = plain["generated_text"]
+    stop = " " + reference.split()[3]
+    expected = reference[: reference.index(stop)]
+    params = {"max_new_tokens": 16, "stop_sequences": [stop], "details": True}
+    (cut,) = run_script(service.handle, [({"inputs": prompt, "parameters": params}, 0)])
+    assert (cut["generated_text"], cut["details"]["finish_reason"]) == (expected, "stop_sequence")
+    assert "".join(t["text"] for t in cut["details"]["tokens"]) == expected
+    kept = {**params, "include_stop_str_in_output": True}
+    (whole,) = run_script(service.handle, [({"inputs": prompt, "parameters": kept}, 0)])
+    assert whole["generated_text"] == expected + stop
+    driver = RollingBatchDriver(service.handle)
+    streamed = driver.submit(json_request({"inputs": prompt, "stream": True, "parameters": params}))
+    driver.run()
+    lines = [json.loads(line) for line in streamed.text.splitlines()]
+    assert "".join(line["token"]["text"] for line in lines) == expected
+    assert lines[-1]["generated_text"] == expected

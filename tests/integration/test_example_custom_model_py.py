@@ -26,3 +26,25 @@ def test_custom_model_py_example_answers_in_its_own_shape() -> None:
     body = json.loads(run.stdout.strip().splitlines()[-1])
     assert set(body) == {"answer", "tokens"}
     assert "Paris" in body["answer"] and 0 < body["tokens"] <= 24
+
+
+pytest_plugins = ["conftest_models"]  # fixture: tiny_dir
+
+
+def test_model_py_without_entry_point_falls_back_to_the_hf_handler(tmp_path: Path, tiny_dir: Path) -> None:
+    """DJL 0.34: a model.py without ``handle`` and no option.entryPoint runs the recommended handler
+    (huggingface, because option.model_id is set) with model.py's formatters."""
+    model = tmp_path / "formatters-only"
+    model.mkdir()
+    source = ROOT / "serving.properties.examples" / "custom-model-py" / "model.py"
+    (model / "model.py").write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+    (model / "serving.properties").write_text(
+        f"engine=Python\noption.model_id={tiny_dir}\noption.rolling_batch=auto\noption.dtype=fp32\n", encoding="utf-8")
+    question = json.dumps({"question": "Hi?", "parameters": {"max_new_tokens": 3}})
+    run = subprocess.run(
+        [sys.executable, "-c", CLI, "generate", str(model), question],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    body = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(body) == {"answer", "tokens"} and body["tokens"] == 3

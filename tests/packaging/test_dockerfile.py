@@ -133,14 +133,14 @@ def _run_build(root: Path, env: dict[str, str], *args: str) -> subprocess.Comple
 def test_build_script_passes_the_build_args(tmp_path: Path) -> None:
     root, log, env = _fake_tree(tmp_path)
     result = _run_build(root, env, "--tag", "me/lmi:1", "--extras", "", "--entry-point", "djl_handlers.vllm",
-                        "--model-dir", "serving.properties.examples/vllm/",
+                        "--model-dir", "serving.properties.examples/lmi-dist/", "--no-embedded-model",
                         "--base-image", "deepjavalibrary/djl-serving:0.27.0-deepspeed", "--", "--pull")
     assert result.returncode == 0, result.stderr
     argv = log.read_text(encoding="utf-8").splitlines()
     assert argv[:2] == ["BUILDKIT=1", f"PWD={root}"], "docker runs from the repository root with BuildKit"
     assert argv[2:7] == ["build", "-f", "docker/Dockerfile", "-t", "me/lmi:1"]
     pairs = {argv[i + 1] for i, a in enumerate(argv) if a == "--build-arg"}
-    assert {"EXTRAS=", "MODEL_DIR=serving.properties.examples/vllm", "EMBEDDED_MODEL=1",
+    assert {"EXTRAS=", "MODEL_DIR=serving.properties.examples/lmi-dist", "EMBEDDED_MODEL=0",
             "ENTRY_POINT=djl_handlers.vllm", "BASE_IMAGE=deepjavalibrary/djl-serving:0.27.0-deepspeed"} == pairs
     assert argv[-2:] == ["--pull", "."]
 
@@ -165,6 +165,9 @@ def test_build_script_stages_an_outside_model_dir(tmp_path: Path) -> None:
         (2, (), 1, "found 2"),
         (1, ("--model-dir", "nowhere"), 2, "nowhere/serving.properties not found"),
         (1, ("--frobnicate",), 2, "unknown argument: --frobnicate"),
+        (1, ("--extras", ""), 2, "--extras '' cannot convert the embedded model"),
+        (1, ("--extras", "vllm", "--model-dir", "serving.properties.examples/vllm"), 2, "cannot convert"),
+        (1, ("--no-embedded-model",), 2, "uses option.embedded_model, which --no-embedded-model leaves out"),
     ],
 )
 def test_build_script_refuses_bad_input(tmp_path: Path, wheels: int, args: tuple[str, ...], code: int,

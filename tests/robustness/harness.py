@@ -274,6 +274,8 @@ def run_dynamic(case: Case) -> list[str]:
 def judge_dynamic(case: Case, result: Any) -> list[str]:
     """Problems with the dynamic-batch body of the case."""
     if case.ok:
+        if isinstance(result, dict) and result.get("object") in ("chat.completion", "text_completion"):
+            return [] if result.get("choices") else [f"OpenAI answer without choices: {result!r}"[:200]]
         if not isinstance(result, list) or not result or not all("generated_text" in r for r in result):
             return [f"expected a list of generated_text, got {result!r}"[:200]]
         if case.expect_text is not None and any(r["generated_text"] != case.expect_text for r in result):

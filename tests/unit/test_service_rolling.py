@@ -97,13 +97,17 @@ def test_eos_finishes_with_eos_token() -> None:
 
 
 def test_stop_sequence_across_tokens_is_reported_and_cut() -> None:
-    driver, _ = make_driver()
-    params = {"max_new_tokens": 30, "stop_sequences": ["brown"], "details": True}
-    req = driver.submit(json_request({"inputs": "q", "parameters": params}))
-    driver.run()
-    body = json.loads(req.text)
-    assert body["generated_text"] == "The quick brown"
-    assert body["details"]["finish_reason"] == "stop_sequence"
+    """The stop string is removed (docs/parameters.md); include_stop_str_in_output keeps it."""
+    for keep, text in ((False, "The quick "), (True, "The quick brown")):
+        driver, _ = make_driver()
+        params = {"max_new_tokens": 30, "stop_sequences": ["brown"], "details": True,
+                  "include_stop_str_in_output": keep}
+        req = driver.submit(json_request({"inputs": "q", "parameters": params}))
+        driver.run()
+        body = json.loads(req.text)
+        assert body["generated_text"] == text
+        assert "".join(t["text"] for t in body["details"]["tokens"]) == text
+        assert body["details"]["finish_reason"] == "stop_sequence"
 
 
 def test_return_full_text_prefixes_prompt_escaped() -> None:

@@ -298,3 +298,26 @@ def test_through_the_rolling_batch(fake_vllm: Any) -> None:
     assert second["generated_text"] == " people"
     assert second["details"]["finish_reason"] == "eos_token"
     assert not engine.has_unfinished() and engine.engine.aborted == []
+
+
+@pytest.mark.parametrize(("keep", "text"), [(False, " learning is a really "), (True, " learning is a really cool")])
+def test_stop_string_rule_through_the_rolling_batch(fake_vllm: Any, keep: bool, text: str) -> None:
+    """docs/parameters.md: removed by default, kept with include_stop_str_in_output (streamed too)."""
+    import json
+
+    from djl_handlers.formatting import get_formatter
+    from djl_handlers.request.records import Request
+    from djl_handlers.scheduling.rolling import RollingBatch
+
+    batch = RollingBatch(make_engine(), lambda r: get_formatter("jsonlines", stream=True))
+    p = GenerationParameters.from_dict({"stop_sequences": ["cool"], "include_stop_str_in_output": keep},
+                                       engine="vllm")
+    batch.add_request(Request(prompt="Deep", params=p, inputs="Deep", stream=True))
+    data = ""
+    for _ in range(50):
+        ((record, _),) = batch.step()
+        data += record["data"]
+        if record["last"]:
+            break
+    lines = [json.loads(line) for line in data.splitlines()]
+    assert "".join(line["token"]["text"] for line in lines) == text == lines[-1]["generated_text"]

@@ -144,6 +144,16 @@ def test_adapter_stop_string_is_stop_sequence(engine: Any, hf_greedy: dict[str, 
     assert all(stop.strip() not in (o.text or "") for o in outs)
 
 
+def test_adapter_include_stop_str_in_output_keeps_it(engine: Any, hf_greedy: dict[str, tuple[list[int], str]]) -> None:
+    """docs/parameters.md: the stop string is removed unless include_stop_str_in_output is true."""
+    reference = hf_greedy[PROMPTS[0]][1]
+    stop = " " + reference.split()[2]
+    rid = _add(engine, PROMPTS[0], max_new_tokens=NEW_TOKENS, stop_sequences=[stop], include_stop_str_in_output=True)
+    [outs] = _run(engine, [rid]).values()
+    assert outs[-1].finish_reason == "stop_sequence"
+    assert _text(outs) == reference[: reference.index(stop) + len(stop)]
+
+
 def test_adapter_stop_token_id_is_eos_token(engine: Any, hf_greedy: dict[str, tuple[list[int], str]]) -> None:
     stop_id = hf_greedy[PROMPTS[1]][0][3]
     [outs] = _run(engine, [_add(engine, PROMPTS[1], max_new_tokens=NEW_TOKENS, stop_token_ids=[stop_id])]).values()

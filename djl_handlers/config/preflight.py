@@ -1,0 +1,101 @@
+"""The checks the init call would make, run before any model is loaded.
+
+``djl-handlers check`` runs them so that everything ``serve`` would reject at start-up fails in
+``check`` first; ``djl-handlers serve`` runs the same function before starting the worker.
+
+* ``engine`` names an engine our handlers run under (``known_keys.check_engine_value``);
+* for one of our entry points: ``ServingConfig`` builds for the handler's engine, with
+  ``option.embedded_model`` resolved to the embedded model's folder as the service does;
+* ``option.output_formatter`` is a registered formatter name (the service checks the same at init);
+* a local ``option.model_id`` (starting with ``/``, ``.`` or ``~``) exists; the embedded model's wheel
+  is installed when it is used;
+* warnings for every key that nothing reads (``known_keys.key_warnings``).
+
+Nothing here imports an ML library or converts the embedded model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from djl_handlers.config.known_keys import check_engine_value, key_warnings
+from djl_handlers.errors import ConfigError
+
+__all__ = ["ENGINE_OF_ENTRY_POINT", "Preflight", "init_options", "preflight"]
+
+ENGINE_OF_ENTRY_POINT: Mapping[str, str] = {
+    "djl_handlers.huggingface": "huggingface",
+    "djl_handlers.deepspeed": "deepspeed",
+    "djl_handlers.tensorrt_llm": "tensorrt_llm",
+    "djl_handlers.vllm": "vllm",
+}
+EMBEDDED_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
+
+
+@dataclass
+class Preflight:
+    """What the checks found: the validated config (our entry points only) and the warnings."""
+
+    serving_config: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def init_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The options as the service sees them: ``embedded_model`` resolved to its folder.
+
+    The folder is where the converted model lives (``djl_handlers.model.embedded``); it is not
+    converted here. ``ConfigError`` when the embedded model's wheel is not installed or the
+    name is not one we ship.
+    """
+    props = dict(options)
+    name = str(props.get("embedded_model") or "").strip()
+    if name and not str(props.get("model_id") or "").strip():
+        if name.lower() not in EMBEDDED_MODELS:
+            raise ConfigError(f"option.embedded_model={name!r} is invalid; allowed: {', '.join(EMBEDDED_MODELS)}",
+                              field="option.embedded_model")
+        from djl_handlers.model.embedded import default_model_dir, gguf_path
+
+        gguf_path()  # raises with the pip install command when the wheel is missing
+        props["model_id"] = str(default_model_dir())
+    return props
+
+
+def _check_model_id(model_id: str | None, model_dir: str) -> None:
+    """A local path (``/``, ``.``, ``~``) must exist; relative ones are taken from the model directory."""
+    if not model_id or not model_id.startswith((".", "/", "~")):
+        return
+    path = Path(model_id).expanduser()
+    if not path.is_absolute():
+        path = Path(model_dir) / path
+    if not path.exists():
+        raise ConfigError(f"option.model_id={model_id!r}: no such folder", field="option.model_id")
+
+
+def _check_formatter(value: str | None) -> None:
+    if value:
+        from djl_handlers.formatting.registry import resolve_name
+
+        resolve_name(value, stream=False, config=True)
+
+
+def preflight(entry_point: str, model_dir: str, options: Mapping[str, str],
+              server: Mapping[str, str]) -> Preflight:
+    """Run the init-time checks for ``entry_point``; ``ConfigError`` on the first problem."""
+    from djl_handlers.config.models import ServingConfig
+
+    check_engine_value(server)
+    engine = ENGINE_OF_ENTRY_POINT.get(entry_point)
+    result = Preflight(warnings=key_warnings(options, server, engine))
+    if engine is None:
+        return result
+    props = init_options(options)
+    config = ServingConfig.from_properties(props, server, engine)
+    _check_formatter(config.output_formatter)
+    _check_model_id(str(options.get("model_id") or "").strip(), model_dir)  # not the embedded folder: serve converts it
+    result.serving_config = dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
+    return result
