@@ -23,7 +23,10 @@ class BuildPyWithExamples(build_py):
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
 HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
-SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20"]
+# uvloop + httptools: uvicorn's fast event loop and HTTP parser (picked automatically when installed)
+SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20",
+          "uvloop>=0.19; sys_platform != 'win32' and platform_python_implementation == 'CPython'",
+          "httptools>=0.6"]
 OTEL = ["opentelemetry-sdk>=1.25", "opentelemetry-exporter-otlp-proto-http>=1.25"]
 EXTRAS = {
     "hf": HF,

@@ -61,10 +61,12 @@ def _server(args: argparse.Namespace) -> None:
     from benchmarks import server
 
     started = context()
-    report = server.run_benchmark(args.quick, djl=not args.no_djl, model=args.server_model)
+    report = server.run_benchmark(args.quick, djl=not args.no_djl, model=args.server_model,
+                                  baseline=args.baseline, repeat=args.repeat, client=args.client)
     for name, block in report["targets"].items():
-        print_table(block["rows"], ["front", "clients", "req_s", "tok_s", "ttft_p50_ms", "ttft_p99_ms",
-                                    "latency_p50_ms", "errors"], f"server: {name}")
+        print_table(block["rows"], ["front", "clients", "req_s", "req_s_runs", "tok_s", "ttft_p50_ms", "ttft_p99_ms",
+                                    "latency_p50_ms", "errors", "client_cpu_s", "server_cpu_s", "load_avg_1m"],
+                    f"server: {name}")
     print("added TTFT at 1 client (p50, ms):", report["added_ttft_ms"])
     write_report("server", report, args.quick, started)
     plt = pyplot(args.quick)
@@ -112,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-sequential", action="store_true", help="engine: no sequential generate()")
     parser.add_argument("--no-djl", action="store_true", help="server: skip DJL's Python engine")
     parser.add_argument("--server-model", choices=["fake", "embedded", "both"], default="both")
+    parser.add_argument("--baseline", help="server: also run djl-handlers serve from this git revision")
+    parser.add_argument("--repeat", type=int, help="server: runs per front and client count (alternated)")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="server: load generator")
     args: Any = parser.parse_args(argv)
     setup_torch()
     for name in COMMANDS if args.command == "all" else [args.command]:

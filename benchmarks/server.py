@@ -5,9 +5,13 @@ number of requests kept in flight.
 
 Two model directories: the fake engine (``tests/robustness/models/fake_lmi``, no step delay: the
 front end is all there is) and the embedded SmolLM2 fp32 with a short prompt and few new tokens.
-Clients are asyncio tasks on 127.0.0.1, each sending one streaming request after another for a
-fixed time; TTFT is measured to the first body byte. Bounded: ``duration`` s of submissions, then
-at most 60 s to drain.
+Clients are asyncio tasks on 127.0.0.1 (``benchmarks/http_client.py``; ``client="httpx"`` for the
+old httpx generator), each sending one streaming request after another for a fixed time; TTFT is
+measured to the first body byte. Bounded: ``duration`` s of submissions, then at most 60 s to drain.
+All fronts are started first, then every client count is run ``repeat`` times, the fronts alternated
+in order each round, so that the shared box's load drifts over all of them alike. Each row reports
+the generator's own CPU seconds and, for our server, the server's (front end + worker) CPU seconds.
+``baseline=REV`` adds ``djl-handlers serve`` from git revision REV (``git archive``) as a front.
 """
 
 from __future__ import annotations
@@ -46,12 +50,30 @@ class Load:
     latency: list[float] = field(default_factory=list)
     tokens: int = 0
     errors: int = 0
+    client_cpu_s: float = 0.0
+    server_cpu_s: float | None = None
+    runs: list[float] = field(default_factory=list)  # req/s of each repeat
+
+    def add(self, other: Load) -> None:
+        """Merge another run of the same front and client count."""
+        self.elapsed += other.elapsed
+        self.ttft += other.ttft
+        self.latency += other.latency
+        self.tokens += other.tokens
+        self.errors += other.errors
+        self.client_cpu_s += other.client_cpu_s
+        if other.server_cpu_s is not None:
+            self.server_cpu_s = (self.server_cpu_s or 0.0) + other.server_cpu_s
+        self.runs += other.runs
 
     def row(self) -> dict[str, Any]:
-        """Summary: req/s, tok/s, TTFT and latency percentiles (ms)."""
+        """Summary: req/s (over all repeats, and each), tok/s, TTFT and latency percentiles (ms), CPU s."""
         done = len(self.latency)
         return {"front": self.front, "clients": self.clients, "requests": done, "errors": self.errors,
                 "req_s": rnd(done / self.elapsed, 1) if self.elapsed else None,
+                "req_s_runs": [rnd(r, 1) for r in self.runs],
+                "client_cpu_s": rnd(self.client_cpu_s, 2),
+                "server_cpu_s": rnd(self.server_cpu_s, 2) if self.server_cpu_s is not None else None,
                 "tok_s": rnd(self.tokens / self.elapsed, 1) if self.elapsed else None,
                 "ttft_p50_ms": rnd(1000 * (pct(self.ttft, 0.5) or 0), 2),
                 "ttft_p99_ms": rnd(1000 * (pct(self.ttft, 0.99) or 0), 2),
@@ -89,17 +111,49 @@ async def _client(url: str, load: Load, payload: bytes, stop_at: float) -> None:
             load.tokens += data.count(b"\n")
 
 
-def http_load(url: str, front: str, clients: int, duration: float, new_tokens: int) -> Load:
-    """``clients`` concurrent streaming clients for ``duration`` s."""
+# base URL -> pid of our server process, for its CPU time (the worker is its child)
+_SERVER_PIDS: dict[str, int] = {}
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """user + system CPU seconds of ``pid`` and its direct children (Linux /proc), else None."""
+    def one(p: str) -> float:
+        with open(f"/proc/{p}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = f.read().split()
+        return one(str(pid)) + sum(one(c) for c in children)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def http_load(url: str, front: str, clients: int, duration: float, new_tokens: int,
+              client: str = "raw") -> Load:
+    """``clients`` concurrent streaming clients for ``duration`` s (``client``: raw or httpx)."""
+    from benchmarks.http_client import stream_client
+
     load = Load(front, clients)
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    pid = _SERVER_PIDS.get(url)
 
     async def main() -> None:
         t0 = time.perf_counter()
-        tasks = [_client(url, load, body(new_tokens), t0 + duration) for _ in range(clients)]
+        payload, stop_at = body(new_tokens), t0 + duration
+        tasks = [_client(url, load, payload, stop_at) if client == "httpx" else
+                 stream_client(host, int(port), "/invocations", payload, stop_at, load) for _ in range(clients)]
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=duration + 60)
         load.elapsed = time.perf_counter() - t0
 
+    cpu0, server0 = time.process_time(), process_cpu_s(pid) if pid else None
     asyncio.run(main())
+    load.client_cpu_s = time.process_time() - cpu0
+    server1 = process_cpu_s(pid) if pid else None
+    if server0 is not None and server1 is not None:
+        load.server_cpu_s = server1 - server0
+    load.runs = [len(load.latency) / load.elapsed] if load.elapsed else []
     return load
 
 
@@ -174,25 +228,37 @@ def _wait_ping(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) ->
 
 
 @contextlib.contextmanager
-def ours(model_dir: Path) -> Iterator[str]:
-    """``djl-handlers serve model_dir`` on 127.0.0.1; yields its base URL."""
+def ours(model_dir: Path, root: Path = ROOT) -> Iterator[str]:
+    """``djl-handlers serve model_dir`` (the package under ``root``) on 127.0.0.1; yields its base URL."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, cwd=str(ROOT),
+                             "--port", str(port)], env=env, cwd=str(root),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
+    _SERVER_PIDS[url] = proc.pid
     try:
         _wait_ping(url, proc)
         yield url
     finally:
+        _SERVER_PIDS.pop(url, None)
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def ours_at(rev: str, model_dir: Path) -> Iterator[str]:
+    """``djl-handlers serve`` from git revision ``rev`` of this checkout (exported with ``git archive``)."""
+    with tempfile.TemporaryDirectory(prefix="bench-baseline") as tmp:
+        archive = subprocess.run(["git", "archive", rev], cwd=str(ROOT), check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        with ours(model_dir, Path(tmp)) as url:
+            yield url
 
 
 @contextlib.contextmanager
@@ -225,32 +291,56 @@ def in_process_handle(model_dir: Path) -> Any:
     return handle
 
 
-def run_benchmark(quick: bool, djl: bool = True, model: str = "both") -> dict[str, Any]:
+def run_benchmark(quick: bool, djl: bool = True, model: str = "both", baseline: str | None = None,
+                  repeat: int | None = None, client: str = "raw") -> dict[str, Any]:
     """Every model dir x front x client count; returns rows and the added TTFT at 1 client."""
     levels, duration = ((1, 8), 3.0) if quick else ((1, 8, 32, 64), 10.0)
+    repeat = repeat or (1 if quick else 2)
     fronts: dict[str, Any] = {"djl-handlers serve": ours}
     if djl:
         fronts["DJL Python engine (stand-in HTTP)"] = globals()["djl"]
-    report: dict[str, Any] = {"duration_s": duration, "targets": {}, "added_ttft_ms": {}}
+    if baseline:
+        fronts[f"djl-handlers serve @{baseline}"] = lambda model_dir: ours_at(baseline, model_dir)
+    report: dict[str, Any] = {"duration_s": duration, "repeat": repeat, "client": client,
+                              "targets": {}, "added_ttft_ms": {}}
     with tempfile.TemporaryDirectory(prefix="bench-server") as tmp:
         for name, (model_dir, new_tokens) in model_dirs(Path(tmp), "fake" if quick else model).items():
             handle = in_process_handle(model_dir)
             rows = [inprocess_load(handle, c, duration, new_tokens).row() for c in levels]
             del handle
-            for front, start in fronts.items():
-                try:
-                    with start(model_dir) as url:
-                        http_load(url, front, 1, 1.0, new_tokens)  # warm-up
-                        rows += [http_load(url, front, c, duration, new_tokens).row() for c in levels]
-                except Exception as exc:  # noqa: BLE001 - report, go on with the others
-                    print(f"{front} on {name}: {exc}", flush=True)
-                    rows.append({"front": front, "clients": 0, "errors": repr(exc)[:200]})
+            rows += _interleaved(fronts, model_dir, levels, duration, new_tokens, repeat, client)
             report["targets"][name] = {"max_new_tokens": new_tokens, "rows": rows}
             base = next(r for r in rows if r["front"].startswith("in-process") and r["clients"] == 1)
             report["added_ttft_ms"][name] = {
                 r["front"]: rnd(r["ttft_p50_ms"] - base["ttft_p50_ms"], 2)
                 for r in rows if r["clients"] == 1 and not r["front"].startswith("in-process")}
     return report
+
+
+def _interleaved(fronts: dict[str, Any], model_dir: Path, levels: tuple[int, ...], duration: float,
+                 new_tokens: int, repeat: int, client: str) -> list[dict[str, Any]]:
+    """Start every front, then per client count run each front ``repeat`` times, alternating the order."""
+    rows: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        urls: dict[str, str] = {}
+        for front, start in fronts.items():
+            try:
+                urls[front] = stack.enter_context(start(model_dir))
+                http_load(urls[front], front, 1, 1.0, new_tokens, client)  # warm-up
+            except Exception as exc:  # noqa: BLE001 - report, go on with the others
+                print(f"{front} on {model_dir.name}: {exc}", flush=True)
+                rows.append({"front": front, "clients": 0, "errors": repr(exc)[:200]})
+        for clients in levels:
+            merged = {front: Load(front, clients) for front in urls}
+            for round_ in range(repeat):
+                order = list(urls) if round_ % 2 == 0 else list(reversed(urls))
+                for front in order:
+                    merged[front].add(http_load(urls[front], front, clients, duration, new_tokens, client))
+            for load in merged.values():
+                row = load.row()
+                row["load_avg_1m"] = rnd(os.getloadavg()[0], 2)
+                rows.append(row)
+    return sorted(rows, key=lambda r: (list(fronts).index(r["front"]), r["clients"]))
 
 
 def plot(report: dict[str, Any], plt: Any) -> Any:

@@ -163,6 +163,7 @@ class _Reader:
     def __init__(self, stream: _Readable) -> None:
         self._stream = stream
         self.consumed = 0
+        self._limit = max_frame_bytes()  # read once per frame, not per length field
 
     def exact(self, n: int) -> bytes:
         """Exactly ``n`` bytes; a short read is a truncated frame (or a clean EOF at offset 0)."""
@@ -194,7 +195,7 @@ class _Reader:
         value = self.int32()
         if value < -1:
             raise ValueError(f"corrupt frame: negative {what} length {value}")
-        limit = max_frame_bytes()
+        limit = self._limit
         if value > limit:
             raise ValueError(f"corrupt frame: {what} length {value} exceeds the limit of {limit} bytes")
         return value

@@ -326,17 +326,19 @@ class ModelRuntime:
         sink: ResponseSink = slot.owner
         if sink.done:
             return  # cancelled or already failed: discard until the slot finishes
-        merged = dict(headers)
-        default = self.settings.default_content_type()
-        if default and not any(key.lower() == "content-type" for key in merged):
-            merged["Content-Type"] = default
-        if record.code is not None:
-            api = next((v for k, v in slot.request.properties.items() if k.lower() == API_PROPERTY.lower()), None)
-            sink.fail(record.code, record.error_body(api), merged)
-            return
+        if not sink.started or record.code is not None:  # the head is fixed by the first record only
+            merged = dict(headers)
+            default = self.settings.default_content_type()
+            if default and not any(key.lower() == "content-type" for key in merged):
+                merged["Content-Type"] = default
+            if record.code is not None:
+                api = next((v for k, v in slot.request.properties.items()
+                            if k.lower() == API_PROPERTY.lower()), None)
+                sink.fail(record.code, record.error_body(api), merged)
+                return
+            if record.data or record.last:
+                sink.start(200, merged)
         if record.data:
-            sink.start(200, merged)
             sink.write(record.data.encode("utf-8"))
         if record.last:
-            sink.start(200, merged)
             sink.finish()

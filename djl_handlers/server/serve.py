@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -75,7 +76,10 @@ def run_server(settings: ServerSettings, host: str, port: int, grace_s: float,
     runtime = ModelRuntime(settings, log_prompts=log_prompts)
     runtime.start_worker()
     try:
+        # "auto": uvloop and httptools when installed (the server extra installs them; docs/benchmarks.md)
         config = uvicorn.Config(create_app(runtime), host=host, port=port, lifespan="on",
+                                loop=os.environ.get("DJL_HANDLERS_LOOP", "auto"),
+                                http=os.environ.get("DJL_HANDLERS_HTTP", "auto"),
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
         server = DrainingServer(config, runtime, grace_s, on_listening)
         server.run()
