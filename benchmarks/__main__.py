@@ -65,7 +65,8 @@ def _server(args: argparse.Namespace) -> None:
                                   baseline=args.baseline, repeat=args.repeat, client=args.client)
     for name, block in report["targets"].items():
         print_table(block["rows"], ["front", "clients", "req_s", "req_s_runs", "tok_s", "ttft_p50_ms", "ttft_p99_ms",
-                                    "latency_p50_ms", "errors", "client_cpu_s", "server_cpu_s", "load_avg_1m"],
+                                    "latency_p50_ms", "errors", "client_cpu_s", "server_cpu_s", "req_per_server_cpu_s",
+                                    "load_avg_1m"],
                     f"server: {name}")
     print("added TTFT at 1 client (p50, ms):", report["added_ttft_ms"])
     write_report("server", report, args.quick, started)

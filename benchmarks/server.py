@@ -74,6 +74,7 @@ class Load:
                 "req_s_runs": [rnd(r, 1) for r in self.runs],
                 "client_cpu_s": rnd(self.client_cpu_s, 2),
                 "server_cpu_s": rnd(self.server_cpu_s, 2) if self.server_cpu_s is not None else None,
+                "req_per_server_cpu_s": rnd(done / self.server_cpu_s, 1) if self.server_cpu_s else None,
                 "tok_s": rnd(self.tokens / self.elapsed, 1) if self.elapsed else None,
                 "ttft_p50_ms": rnd(1000 * (pct(self.ttft, 0.5) or 0), 2),
                 "ttft_p99_ms": rnd(1000 * (pct(self.ttft, 0.99) or 0), 2),
