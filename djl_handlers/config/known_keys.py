@@ -86,6 +86,8 @@ class _Recorder(dict[str, Any]):
 
     def get(self, key: Any, default: Any = None) -> Any:
         self.seen.add(str(key))
+        if key == "rolling_batch":  # an unset value is refused by rolling-only engines (vllm)
+            return "auto"
         return default
 
 
