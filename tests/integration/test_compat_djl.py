@@ -2,9 +2,8 @@
 
 Part 1 (black box): every case of ``compat_cases.py`` is sent to both servers and the status,
 Content-Type and body must match (bytes, or parsed JSON where ``docs/compatibility.md`` lists a
-deliberate byte difference). DJL side: ``DjlServer`` (DJL's ``PyEngine``/``PyProcess``/
-``RollingBatch`` from ``ai.djl.python:python`` under the test-only HTTP shim, see
-docs/djl-serving.md). Our side: ``djl-handlers serve DIR --port P`` as a subprocess. One pair of
+deliberate byte difference). DJL side: ``DjlServer``, DJL Serving 0.34's real
+``ai.djl.serving.ModelServer`` (tests/djl_serving/djl_server.py, docs/djl-serving.md). Our side: ``djl-handlers serve DIR --port P`` as a subprocess. One pair of
 servers per model directory, started once and stopped before the next model's pair.
 
 Part 2 (handler level): identical Input frames read by DJL's own ``djl_python.inputs.Input`` and by
@@ -35,9 +34,8 @@ from typing import Any, Optional
 import pytest
 from compat_cases import CASES, DIFFERENCES, MODELS, Case, Reply, comparable, materialize, run_case
 from conftest_models import embedded_dir, tiny_dir, tiny_model  # noqa: F401
-from djl_server_fixture import djl_skip_reason
+from djl_server_fixture import DjlServer, DjlServerError, djl_skip_reason, free_port
 
-from djl_handlers.djl_server import DjlServer, DjlServerError, free_port
 from djl_handlers.io import Input, Output, wire
 from djl_handlers.testing.sockets import received_input as _read
 from djl_handlers.testing.sockets import sent_bytes as _sent

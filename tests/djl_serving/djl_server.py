@@ -1,23 +1,26 @@
-"""Run a model directory on DJL's real Java code, offline, on 127.0.0.1.
+"""Run a model directory on DJL Serving 0.34's real front end, offline, on 127.0.0.1.
 
-Two layouts of ``tests/djl_serving/lib`` (filled by ``tests/djl_serving/fetch.sh``) are supported:
+``tests/djl_serving/fetch.sh`` fills ``tests/djl_serving/lib`` (git-ignored) with
+``ai.djl.serving.ModelServer`` (from Maven Central, or built from DJL Serving's source) and DJL's
+Python engine jar. :class:`DjlServer` starts ``ModelServer -m NAME=file:///abs/dir`` with its own
+``MODEL_SERVER_HOME`` (``conf/config.properties``: inference and management address on
+127.0.0.1), its own ``java.io.tmpdir`` (the Python worker's Unix socket is
+``${java.io.tmpdir}/djl_sock.<port>``, a fixed name per port) and its own DJL cache. The Python
+worker is DJL's own ``djl_python_engine.py`` from the jar, run by ``python`` (default: this
+interpreter, so the worker imports ``djl_handlers`` from this checkout).
 
-* ``serving``: the whole DJL Serving (``ai.djl.serving:serving``), started as
-  ``ai.djl.serving.ModelServer -m NAME=file:///abs/dir`` with a generated ``config.properties``;
-* ``engine``: only DJL's Python engine (``ai.djl.python:python`` + ``ai.djl:api``) under
-  ``tests/djl_serving/PyEngineFront.java``, a thin HTTP front (Maven Central does not serve
-  ``ai.djl.serving:*`` on this project's machines; see ``docs/djl-serving.md``).
+It never reaches the network: ``DJL_OFFLINE``/``OPT_OUT_TRACKING``/``-Dai.djl.offline=true`` are
+always set, inherited ``HF_MODEL_ID``/``OPTION_*``/``SERVING_*`` variables are dropped, and a
+``option.model_id`` (serving.properties, ``OPTION_MODEL_ID`` or ``HF_MODEL_ID``) must be an
+existing local folder, since DJL's ``LmiUtils`` asks the Hugging Face hub for a ``config.json``
+of anything else. A test/developer tool, not part of the installed package. Usage::
 
-Either way the Python worker is DJL's own ``djl_python_engine.py`` extracted from the jar, the
-init call and the batching/rolling-batch drivers are DJL's Java code, and the server never
-reaches the network: ``DJL_OFFLINE``/``OPT_OUT_TRACKING``/``-Dai.djl.offline=true`` are always
-set, ``HF_MODEL_ID`` is dropped and model directories that would make DJL look up a hub are
-refused. Usage::
-
-    with DjlServer("tests/djl_serving/models/echo") as server:
+    import sys; sys.path.insert(0, "tests/djl_serving")
+    from djl_server import DjlServer
+    with DjlServer("path/to/model_dir", env={"OPTION_ROLLING_BATCH": "scheduler"}) as server:
         httpx.post(server.url + "/invocations", json={"inputs": "hi"})
 
-or ``python -m djl_handlers.djl_server MODEL_DIR [--port P]``.
+or ``python tests/djl_serving/djl_server.py MODEL_DIR [--port P]`` (``make serve-djl``).
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Optional
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_LIB = REPO_ROOT / "tests" / "djl_serving" / "lib"
-FRONT_SOURCE = REPO_ROOT / "tests" / "djl_serving" / "PyEngineFront.java"
-_DROPPED_ENV = ("HF_MODEL_ID", "OPTION_MODEL_ID", "JAVA_TOOL_OPTIONS", "SERVING_OPTS")
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+DEFAULT_LIB = HERE / "lib"
+MAIN_CLASS = "ai.djl.serving.ModelServer"
+# Always on, whatever the caller's environment says: no start-up call to DJL's metadata address.
+OFFLINE_ENV = {"DJL_OFFLINE": "true", "OPT_OUT_TRACKING": "true"}
+_DROPPED_PREFIXES = ("OPTION_", "SERVING_", "ARGS_")
+_DROPPED_ENV = ("HF_MODEL_ID", "JAVA_TOOL_OPTIONS", "JAVA_OPTS", "MODEL_LOADING_TIMEOUT", "TENSOR_PARALLEL_DEGREE")
 
 
 class DjlServerError(RuntimeError):
@@ -49,16 +56,11 @@ class DjlServerError(RuntimeError):
 
 
 def find_lib(lib_dir: Optional[os.PathLike[str] | str] = None) -> Path:
-    """Return the jar folder: ``lib_dir``, else ``$DJL_SERVING_LIB``, else the test folder."""
+    """Return the jar folder: ``lib_dir``, else ``$DJL_SERVING_LIB``, else ``tests/djl_serving/lib``."""
     path = Path(lib_dir or os.environ.get("DJL_SERVING_LIB") or DEFAULT_LIB).resolve()
-    if not any(path.glob("python-*.jar")):
-        raise DjlServerError(f"no DJL jars in {path}: run tests/djl_serving/fetch.sh")
+    if not any(path.glob("serving-*.jar")) or not any(path.glob("python-*.jar")):
+        raise DjlServerError(f"no DJL Serving jars in {path}: run tests/djl_serving/fetch.sh")
     return path
-
-
-def lib_kind(lib: Path) -> str:
-    """``"serving"`` when the full DJL Serving jar is present, else ``"engine"``."""
-    return "serving" if any(lib.glob("serving-*.jar")) else "engine"
 
 
 def djl_version(lib: Path) -> str:
@@ -67,17 +69,42 @@ def djl_version(lib: Path) -> str:
     return jar.stem[len("python-") :]
 
 
-def check_model_dir(model_dir: Path) -> None:
-    """Refuse model directories that would make DJL contact a model hub."""
-    if not (model_dir / "serving.properties").is_file():
-        raise DjlServerError(f"{model_dir} has no serving.properties")
-    for name in ("config.json", "params.json"):
-        if (model_dir / name).exists():
-            raise DjlServerError(f"{model_dir / name}: DJL would treat it as an LMI model; refused")
-    for line in (model_dir / "serving.properties").read_text(encoding="utf-8").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "option.model_id" and not Path(value.strip()).is_absolute():
-            raise DjlServerError(f"option.model_id={value.strip()!r} is not a local absolute path")
+def lib_origin(lib: Path) -> str:
+    """Where the front end came from, as fetch.sh recorded it (``source 0.34.0``, ``maven-central ...``)."""
+    stamp = lib / ".complete"
+    lines = stamp.read_text(encoding="utf-8").splitlines() if stamp.is_file() else []
+    return lines[1] if len(lines) > 1 else "unknown"
+
+
+def read_properties(model_dir: Path) -> dict[str, str]:
+    """``serving.properties`` as a dict (``key=value`` lines; empty when the file is absent)."""
+    path = model_dir / "serving.properties"
+    if not path.is_file():
+        return {}
+    props: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith(("#", "!")):
+            key, _, value = line.partition("=")
+            props[key.strip()] = value.strip()
+    return props
+
+
+def check_model_dir(model_dir: Path, env: Mapping[str, str]) -> None:
+    """Refuse a model directory that would make DJL contact a model hub (or has nothing to serve)."""
+    if not model_dir.is_dir():
+        raise DjlServerError(f"{model_dir} is not a directory")
+    props = read_properties(model_dir)
+    if not props and not any(k.startswith("OPTION_") for k in env) and not (model_dir / "config.json").is_file():
+        raise DjlServerError(f"{model_dir} has no serving.properties, no config.json and no OPTION_* variables")
+    # serving.properties wins over OPTION_MODEL_ID (DJL's ModelInfo uses putIfAbsent); HF_MODEL_ID too.
+    sources = {
+        "option.model_id": props.get("option.model_id"),
+        "OPTION_MODEL_ID": env.get("OPTION_MODEL_ID"),
+        "HF_MODEL_ID": env.get("HF_MODEL_ID"),
+    }
+    for source, value in sources.items():
+        if value and not (Path(value).is_absolute() and Path(value).is_dir()):
+            raise DjlServerError(f"{source}={value!r} is not an existing absolute local folder; DJL would ask a hub")
 
 
 def free_port() -> int:
@@ -87,51 +114,88 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def build_command(
-    lib: Path, model_dir: Path, name: str, port: int, run_dir: Path, java: str = "java"
-) -> list[str]:
-    """The java command line for ``lib``'s layout (see the module docstring)."""
-    cmd = [
+def build_command(lib: Path, model_dir: Path, name: str, run_dir: Path, java: str = "java") -> list[str]:
+    """The java command line: ``ModelServer -m NAME=file:///abs/dir`` with the offline switches."""
+    return [
         java,
-        "-Xmx512m",
+        "-Xmx1g",
         "-Dai.djl.offline=true",
-        "-Dskip_oom_check=true",
-        f"-Djava.io.tmpdir={run_dir / 't'}",
-        "-Dorg.slf4j.simpleLogger.showDateTime=true",
+        f"-Djava.io.tmpdir={run_dir / 'tmp'}",
+        f"-Dlog4j.configurationFile={run_dir / 'conf' / 'log4j2.xml'}",
+        "-Dlog4j2.disable.jmx=true",
         "-cp",
         f"{lib}/*",
+        MAIN_CLASS,
+        "-m",
+        f"{name}={model_dir.as_uri()}",
     ]
-    if lib_kind(lib) == "serving":
-        return cmd + ["ai.djl.serving.ModelServer", "-m", f"{name}={model_dir.as_uri()}"]
-    return cmd + [str(FRONT_SOURCE), "--model-dir", str(model_dir), "--name", name, "--port", str(port)]
+
+
+def write_config(run_dir: Path, port: int) -> Path:
+    """``MODEL_SERVER_HOME/conf/config.properties``: inference and management on 127.0.0.1:``port``."""
+    address = f"http://127.0.0.1:{port}"
+    path = run_dir / "conf" / "config.properties"
+    path.write_text(
+        f"inference_address={address}\nmanagement_address={address}\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<Configuration>
+  <Appenders>
+    <Console name="console" target="SYSTEM_OUT">
+      <PatternLayout pattern="%d{HH:mm:ss.SSS} %-5level %c{1} %msg%n"/>
+    </Console>
+  </Appenders>
+  <Loggers>
+    <Root level="info"><AppenderRef ref="console"/></Root>
+    <Logger name="ACCESS_LOG" level="off"/>
+    <Logger name="server_metric" level="off"/>
+    <Logger name="model_metric" level="off"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+def write_log_config(run_dir: Path) -> Path:
+    """A plain-text console log (no ANSI colours, no per-request metric lines) for ``log_tail``."""
+    path = run_dir / "conf" / "log4j2.xml"
+    path.write_text(LOG4J2_XML, encoding="utf-8")
+    return path
 
 
 def build_env(
     run_dir: Path, port: int, python: str, extra: Optional[Mapping[str, str]] = None
 ) -> dict[str, str]:
-    """The server's environment: offline switches, private caches, our interpreter."""
-    env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+    """The server's environment: offline switches, private caches, our interpreter, ``extra`` on top."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _DROPPED_ENV and not k.startswith(_DROPPED_PREFIXES)
+    }
     address = f"http://127.0.0.1:{port}"
     pythonpath = [str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     env.update(
-        DJL_OFFLINE="true",
-        OPT_OUT_TRACKING="true",
         DJL_CACHE_DIR=str(run_dir / "cache"),
         ENGINE_CACHE_DIR=str(run_dir / "cache"),
         MODEL_SERVER_HOME=str(run_dir),
-        PYTHON_EXECUTABLE=python,
+        PYTHON_EXECUTABLE=python,  # PyEnv's default for option.pythonExecutable
         PYTHONPATH=os.pathsep.join(pythonpath),
         PYTHONDONTWRITEBYTECODE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
         SERVING_INFERENCE_ADDRESS=address,
         SERVING_MANAGEMENT_ADDRESS=address,
     )
     env.update(extra or {})
-    env["DJL_OFFLINE"] = env["OPT_OUT_TRACKING"] = "true"  # not overridable
+    env.update(OFFLINE_ENV)  # not overridable
     return env
 
 
 class DjlServer:
-    """One DJL server process group serving one model directory; a context manager."""
+    """One ModelServer (JVM + DJL's Python worker, one process group) serving one model directory."""
 
     def __init__(
         self,
@@ -149,7 +213,7 @@ class DjlServer:
         self.port = port or free_port()
         self.python = python or sys.executable
         self.lib = find_lib(lib_dir)
-        self.kind = lib_kind(self.lib)
+        self.origin = lib_origin(self.lib)
         self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
         self.startup_seconds: Optional[float] = None
@@ -165,20 +229,17 @@ class DjlServer:
 
     def start(self) -> DjlServer:
         """Start the JVM in its own session and wait until ``/ping`` answers 200."""
-        check_model_dir(self.model_dir)
+        check_model_dir(self.model_dir, self.extra_env)
         if shutil.which("java") is None:
             raise DjlServerError("java is not on PATH")
         self.run_dir = Path(tempfile.mkdtemp(prefix="djl", dir="/tmp"))
-        for sub in ("t", "cache", "conf"):
+        for sub in ("tmp", "cache", "conf"):
             (self.run_dir / sub).mkdir()
-        address = f"http://127.0.0.1:{self.port}"
-        (self.run_dir / "conf" / "config.properties").write_text(
-            f"inference_address={address}\nmanagement_address={address}\n",
-            encoding="utf-8",
-        )
+        write_config(self.run_dir, self.port)
+        write_log_config(self.run_dir)
         self.log_path = self.run_dir / "server.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = build_command(self.lib, self.model_dir, self.name, self.port, self.run_dir)
+        cmd = build_command(self.lib, self.model_dir, self.name, self.run_dir)
         begin = time.monotonic()
         self._proc = subprocess.Popen(
             cmd,
@@ -273,9 +334,9 @@ def _group_alive(pgid: int) -> bool:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m djl_handlers.djl_server MODEL_DIR [--port P]``: serve until Ctrl-C."""
+    """``python tests/djl_serving/djl_server.py MODEL_DIR [--port P]``: serve until Ctrl-C."""
     parser = argparse.ArgumentParser(
-        prog="python -m djl_handlers.djl_server", description=__doc__.split("\n")[0]
+        prog="python tests/djl_serving/djl_server.py", description=__doc__.split("\n")[0]
     )
     parser.add_argument("model_dir")
     parser.add_argument("--port", type=int, default=8080)
@@ -292,7 +353,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(
-        f"DJL ({server.kind}, {djl_version(server.lib)}) serving {server.name} at {server.url} "
+        f"DJL Serving ModelServer ({server.origin}) serving {server.name} at {server.url} "
         f"(started in {server.startup_seconds:.1f} s; log {server.log_path})",
         flush=True,
     )
