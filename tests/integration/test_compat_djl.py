@@ -32,7 +32,17 @@ from types import ModuleType
 from typing import Any, Optional
 
 import pytest
-from compat_cases import CASES, DIFFERENCES, MODELS, Case, Reply, comparable, materialize, run_case
+from compat_cases import (
+    CASES,
+    DIFFERENCES,
+    MODELS,
+    RESOLVER_PENDING,
+    Case,
+    Reply,
+    comparable,
+    materialize,
+    run_case,
+)
 from conftest_models import embedded_dir, tiny_dir, tiny_model  # noqa: F401
 from djl_server_fixture import DjlServer, DjlServerError, djl_skip_reason, free_port
 
@@ -236,6 +246,8 @@ def _params() -> list[Any]:
     params = []
     for case in CASES:
         marks: list[Any] = []
+        if case.id in RESOLVER_PENDING:
+            marks.append(pytest.mark.xfail(strict=False, reason=RESOLVER_PENDING[case.id]))
         params.append(pytest.param(case, id=case.id, marks=marks))
     return params
 
@@ -247,12 +259,13 @@ def check_semantics(case: Case, replies: list[Reply]) -> None:
         assert reply.status in case.expect_status, reply
         assert reply.content_type is not None
     first = replies[0]
-    if case.id == "rb-json-full-text-stop":
+    kind = case.id.replace("rbs-", "rb-", 1)
+    if kind == "rb-json-full-text-stop":
         body = json.loads(first.body)
         assert body["generated_text"].startswith("Deep learning is ")
         assert body["generated_text"].endswith(" Average")
         assert body["details"]["finish_reason"] == "stop_sequence"
-    elif case.id.startswith("rb-jsonlines"):
+    elif kind.startswith("rb-jsonlines"):
         lines = [json.loads(line) for line in first.body.decode().splitlines()]
         assert first.content_type == "application/jsonlines"
         assert "generated_text" in lines[-1] and all("token" in line for line in lines)
@@ -279,8 +292,8 @@ def test_greedy_text_matches_generate(pool: PairPool, tiny_model: Any) -> None: 
     with torch.inference_mode():
         out = model.generate(**ids, max_new_tokens=6, do_sample=False)
     expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
-    pair = pool.get("hf-tiny")
-    case = next(c for c in CASES if c.id == "rb-json")
+    pair = pool.get("hf-tiny-scheduler")
+    case = next(c for c in CASES if c.id == "rbs-json")
     for url in (pair.ours.url, pair.djl_url()):
         reply = run_case(url, case, seed_workaround=negative_seed_rejected())[0]
         assert json.loads(reply.body) == {"generated_text": expected}
@@ -288,7 +301,7 @@ def test_greedy_text_matches_generate(pool: PairPool, tiny_model: Any) -> None: 
 
 def test_rolling_request_without_seed_on_djl(pool: PairPool) -> None:
     """Requests that carry no seed (and text/plain ones, which cannot) must all succeed on DJL."""
-    pair = pool.get("hf-tiny")
+    pair = pool.get("hf-tiny-scheduler")
     from compat_cases import Call, send
 
     statuses = [
