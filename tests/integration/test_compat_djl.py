@@ -1,10 +1,12 @@
-"""The same model directories on DJL's real Python engine and on ``djl-handlers serve``.
+"""The same model directories on DJL Serving's real ModelServer and on ``djl-handlers serve``.
 
 Part 1 (black box): every case of ``compat_cases.py`` is sent to both servers and the status,
 Content-Type and body must match (bytes, or parsed JSON where ``docs/compatibility.md`` lists a
 deliberate byte difference). DJL side: ``DjlServer``, DJL Serving 0.34's real
-``ai.djl.serving.ModelServer`` (tests/djl_serving/djl_server.py, docs/djl-serving.md). Our side: ``djl-handlers serve DIR --port P`` as a subprocess. One pair of
-servers per model directory, started once and stopped before the next model's pair.
+``ai.djl.serving.ModelServer`` (tests/djl_serving/djl_server.py, docs/djl-serving.md). Our side:
+``djl-handlers serve DIR --port P`` as a subprocess. One pair of servers per model directory,
+started once and stopped before the next model's pair. Cases in ``RESOLVER_PENDING`` are
+xfail(strict=False) until the package mirrors DJL's LmiConfigRecommender.
 
 Part 2 (handler level): identical Input frames read by DJL's own ``djl_python.inputs.Input`` and by
 ours go through ``djl_handlers.huggingface``'s service; given DJL's Input the handler must return
