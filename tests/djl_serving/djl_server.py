@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -45,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
 DEFAULT_LIB = HERE / "lib"
 MAIN_CLASS = "ai.djl.serving.ModelServer"
+_WORKER_LINE = re.compile(r"PyProcess W-\S+-(?:stdout|stderr): (.*)$")
 # Always on, whatever the caller's environment says: no start-up call to DJL's metadata address.
 OFFLINE_ENV = {"DJL_OFFLINE": "true", "OPT_OUT_TRACKING": "true"}
 _DROPPED_PREFIXES = ("OPTION_", "SERVING_", "ARGS_")
@@ -263,7 +265,10 @@ class DjlServer:
         while time.monotonic() - begin < self.startup_timeout:
             code = self._proc.poll()
             if code is not None:
-                raise DjlServerError(f"DJL server exited with {code} during start-up:\n{self.log_tail()}")
+                raise DjlServerError(
+                    f"DJL server exited with {code} during start-up:\n{self.log_tail()}\n"
+                    f"Python worker errors:\n{self.worker_errors()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/ping", timeout=2) as resp:
                     if resp.status == 200:
@@ -279,6 +284,26 @@ class DjlServer:
             return "(no log)"
         text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
         return "\n".join([line for line in text if "Extracting /" not in line][-lines:])
+
+    def worker_errors(self, lines: int = 20) -> str:
+        """The Python worker's error lines (DJL logs them long before its own Java stack trace)."""
+        if self.log_path is None or not self.log_path.exists():
+            return "(no log)"
+        found: list[str] = []
+        in_traceback = False
+        for line in self.log_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            match = _WORKER_LINE.search(line)
+            if match is None:
+                continue
+            payload = match.group(1)
+            if payload.startswith("Traceback"):
+                in_traceback = True
+            elif in_traceback and not payload.startswith(" "):
+                found.append(payload)  # the exception line that ends a traceback
+                in_traceback = False
+            elif payload.startswith("ERROR::"):
+                found.append(payload)
+        return "\n".join(found[-lines:]) or "(none)"
 
     def alive(self) -> bool:
         """True while the JVM runs."""

@@ -64,13 +64,15 @@ def copy_model(tmp_path: Path, name: str, extra: str = "") -> Path:
 class ServerProcess:
     """``djl-handlers serve MODEL_DIR --port 0`` in a subprocess."""
 
-    def __init__(self, model_dir: Path, log_path: Path, grace: float = 30.0) -> None:
-        """Start the server and wait (at most 90 s) for its listening line."""
+    def __init__(
+        self, model_dir: Path, log_path: Path, grace: float = 30.0, env: dict[str, str] | None = None
+    ) -> None:
+        """Start the server (``env`` added to its environment) and wait (at most 90 s) for its listening line."""
         self.log_path = log_path
         self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cli_command("serve", str(model_dir), "--port", "0", "--grace", str(grace)),
-            stdout=subprocess.PIPE, stderr=self._log, text=True, env=cli_env(), cwd=str(ROOT),
+            stdout=subprocess.PIPE, stderr=self._log, text=True, env=cli_env(env), cwd=str(ROOT),
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
