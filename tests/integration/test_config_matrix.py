@@ -164,3 +164,16 @@ def test_needs_vllm_fails_clearly_on_both(pairs: PairCache, config: MatrixConfig
     assert set(pair.errors) == {"ours", "djl"}, f"expected both servers to refuse {config.id}: {pair.errors}"
     for side, message in pair.errors.items():
         assert "vllm" in message.lower(), f"{side} does not name vLLM:\n{message[-3000:]}"
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="djl_handlers bug: without option.model_id the HF handler loads the embedded SmolLM2 "
+    "(hf_loader.resolve_model_id('')) instead of the weights in model_dir, which DJL's own handler would load",
+)
+def test_weights_in_the_model_directory_are_served() -> None:
+    """``auto-no-model-id`` holds the same tiny weights as ``auto``: DJL must answer the same text."""
+    with_id, without_id = CAPTURED.get("auto-json"), CAPTURED.get("auto-no-model-id-json")
+    if with_id is None or without_id is None:
+        pytest.skip("the auto and auto-no-model-id json cells did not run in this session")
+    assert without_id["djl"] == with_id["djl"]
