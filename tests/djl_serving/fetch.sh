@@ -73,7 +73,7 @@ from_source() {
   jar="$(compgen -G "$build/target/*.jar" | head -1)"
   [[ -n "$jar" ]] || return 1
   mv "$jar" "$LIB/serving-$VERSION-source.jar"  # the name fetch.sh and djl_server.py look for
-  rm -rf "$build/target" "$build/lib"
+  rm -rf "${build:?}/target" "${build:?}/lib"
 }
 
 rm -rf "$LIB"
