@@ -65,12 +65,6 @@ def find_lib(lib_dir: Optional[os.PathLike[str] | str] = None) -> Path:
     return path
 
 
-def djl_version(lib: Path) -> str:
-    """The version of the ``ai.djl.python:python`` jar in ``lib``."""
-    jar = sorted(lib.glob("python-*.jar"))[0]
-    return jar.stem[len("python-") :]
-
-
 def lib_origin(lib: Path) -> str:
     """Where the front end came from, as fetch.sh recorded it (``source 0.34.0``, ``maven-central ...``)."""
     stamp = lib / ".complete"
