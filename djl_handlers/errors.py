@@ -35,6 +35,14 @@ class InvalidParameter(InvalidRequest):
     kind = "invalid_parameter"
 
 
+class UnprocessableParameter(InvalidParameter):
+    """A parameter value an API dialect refuses although the LMI schema accepts it (TGI's router
+    answers 422 with ``error_type`` ``validation``, e.g. ``temperature: 0``)."""
+
+    status = 422
+    kind = "validation"
+
+
 class PromptTooLong(InvalidRequest):
     """The prompt (plus max_new_tokens) does not fit the model's context."""
 

@@ -14,7 +14,7 @@ left padding nobody needs any more, and merges newly prefilled rows (zero-padded
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,26 +184,13 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
     return ids, mask
 
 
-def generate_key(params: Any) -> tuple[tuple[str, Any], ...]:
-    """``generate()`` keyword arguments for a request's settings: hashable, so requests with equal
-    keys share one ``generate()`` call. ``max_new_tokens`` is not part of it (outputs are cut)."""
-    kwargs: dict[str, Any] = {"do_sample": False}
-    penalty = float(getattr(params, "repetition_penalty", 1.0) or 1.0)
-    if penalty != 1.0:
-        kwargs["repetition_penalty"] = penalty
-    min_new = int(getattr(params, "min_new_tokens", 0) or 0)
-    if min_new:
-        kwargs["min_new_tokens"] = min_new
-    temperature = float(getattr(params, "temperature", 1.0) or 1.0)
-    if getattr(params, "do_sample", False) and temperature > 0:
-        kwargs.update(
-            do_sample=True,
-            temperature=temperature,
-            top_k=max(0, int(getattr(params, "top_k", 0) or 0)),  # -1 (vLLM's "off") = 0
-            top_p=float(getattr(params, "top_p", 1.0) or 1.0),
-            typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
-            seed=getattr(params, "seed", None),
-        )
+def generate_key(settings: Mapping[str, Any], seed: int | None) -> tuple[tuple[str, Any], ...]:
+    """``generate()`` keyword arguments from a request's ``to_hf``/``to_deepspeed`` ``settings``
+    (plus ``seed`` when sampling): hashable, so requests with equal keys share one ``generate()``
+    call. ``max_new_tokens`` is not part of it (outputs are cut to each request's own limit)."""
+    kwargs = {k: v for k, v in settings.items() if k != "max_new_tokens"}
+    if kwargs["do_sample"]:
+        kwargs["seed"] = seed
     return tuple(sorted(kwargs.items()))
 
 

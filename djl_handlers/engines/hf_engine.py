@@ -47,6 +47,7 @@ from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
 from djl_handlers.engines.hf_static import generate_static as static_generate
 from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
+from djl_handlers.params.translate import translate
 
 LOG = logging.getLogger(__name__)
 
@@ -156,11 +157,11 @@ class HFEngine:
             )
         if request.request_id in self._ids:
             raise ValueError(f"request id {request.request_id} is already in the engine")
-        sampling = RowSampling.from_params(request.params, request.prompt_ids, self._vocab, self.eos_token_ids)
+        params = request.params
+        settings = translate(params, self.name)  # to_hf / to_deepspeed: the one greedy rule
+        sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
         self._ids.add(request.request_id)
-        row = _Row(request, sampling)
-        row.prompt_lp = bool(getattr(request.params, "decoder_input_details", False))
-        row.top_n = int(getattr(request.params, "top_n_tokens", 0) or 0)
+        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens)
         self._queue.append(row)
 
     def step(self) -> list[StepOutput]:

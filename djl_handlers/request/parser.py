@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
+from djl_handlers.errors import InvalidParameter, InvalidRequest, UnprocessableParameter, UnsupportedMediaType
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.request.bedrock import bedrock_to_lmi
@@ -161,6 +161,7 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     for key in TGI_NULL_ONLY:
         if params.pop(key, None) is not None:
             raise InvalidParameter(f"parameters.{key} is not supported", field=key)
+    _tgi_check_temperature(params.get("temperature"))
     if params.pop("watermark", False):
         raise InvalidParameter("parameters.watermark is not supported", field="watermark")
     if params.get("best_of") in (None, 1):
@@ -175,6 +176,13 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
                                field="decoder_input_details")
     params["output_formatter"] = "tgi_stream" if stream else "tgi"
     return {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
+
+
+def _tgi_check_temperature(value: Any) -> None:
+    """TGI's router refuses ``temperature <= 0`` (422) where the LMI schema means greedy by 0."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and value <= 0:
+        raise UnprocessableParameter("`temperature` must be strictly positive", field="temperature")
 
 
 def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:

@@ -103,6 +103,16 @@ def test_tgi_watermark_rejected() -> None:
     assert req.code == 400 and "watermark" in (req.error or "")
 
 
+def test_tgi_temperature_zero_is_422_as_tgi() -> None:
+    driver = driver_for(FakeEngine())
+    body = {"inputs": "x", "parameters": {"do_sample": True, "temperature": 0}}
+    req = driver.submit(json_request(body, **{"X-Djl-Handlers-Api": "tgi"}))
+    lmi = driver.submit(json_request(body))  # the LMI schema: temperature 0 is greedy
+    driver.run()
+    assert req.code == 422 and req.error == "`temperature` must be strictly positive"
+    assert lmi.code is None and json.loads(lmi.text)["generated_text"] == REPLY[:30]
+
+
 def _dynamic_input(bodies: list[Any]) -> Input:
     props = {"batch_size": str(len(bodies))}
     content = []
