@@ -8,7 +8,6 @@ whose properties are the model's options) builds the service; an empty Input ret
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
@@ -125,10 +124,7 @@ class InferenceService:
         return out
 
     def _parse(self, item: Any) -> Request:
-        request = parse_request(item, self.settings)
-        if request.params.do_sample and request.params.seed is None:
-            request = _with_seed(request, random.randrange(1 << 31))
-        return request
+        return parse_request(item, self.settings)
 
     # -- dynamic batch -----------------------------------------------------------------------
     def _dynamic_batch(self, inputs: Any) -> Any:
@@ -166,12 +162,6 @@ def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str
         return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
 
     return render
-
-
-def _with_seed(request: Request, seed: int) -> Request:
-    from dataclasses import replace
-
-    return replace(request, params=replace(request.params, seed=seed), seed=seed)
 
 
 def _registry_factory(config: Any, engine_name: str) -> EngineFactory:

@@ -34,6 +34,7 @@ from djl_handlers.formatting.lmi import (
     wants_prefill,
     wants_top_tokens,
 )
+from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.records import RequestOutput, Token
 
 
@@ -55,14 +56,9 @@ def tgi_top_tokens(out: RequestOutput, index: int) -> list[dict[str, Any]]:
 
 
 def tgi_seed(out: RequestOutput) -> Optional[int]:
-    """The seed TGI reports: the client's seed, else the server's seed when sampling, else null."""
-    params = out.request.params
-    seed = getattr(params, "seed", None)
-    if seed is not None:
-        return int(seed)
-    if getattr(params, "do_sample", False) and out.request.seed is not None:
-        return int(out.request.seed)
-    return None
+    """The seed TGI reports: the request's resolved seed when it sampled, null when greedy (as
+    TGI); ``Request.seed`` is decided once, by the parser (``resolve_seed``)."""
+    return out.request.seed if is_sampling(out.request.params) else None
 
 
 def tgi_error(out: RequestOutput) -> dict[str, Any]:

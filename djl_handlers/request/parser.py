@@ -12,13 +12,15 @@ strings in dynamic-batch mode), optional ``parameters`` object and ``stream`` bo
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnprocessableParameter, UnsupportedMediaType
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.bedrock import bedrock_to_lmi
 from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
 from djl_handlers.request.records import CustomFormatter, Request
@@ -128,7 +130,7 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         stream=stream,
         output_formatter=formatter,
         inputs=inputs,
-        seed=gen.seed,
+        seed=gen.seed if is_sampling(gen) else None,
         properties=dict(item.get_properties()),
     )
 
@@ -136,17 +138,26 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
 def _openai_request(item: Any, req: OpenAIRequest, settings: ParserSettings) -> Request:
     gen = _generation_parameters(item, req.parameters, settings)
     return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
-                   inputs=req.prompt, seed=gen.seed, properties=dict(item.get_properties()), extra=req.extra)
+                   inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
+                   properties=dict(item.get_properties()), extra=req.extra)
 
 
 def _generation_parameters(item: Any, params: dict[str, Any], settings: ParserSettings) -> GenerationParameters:
-    if "seed" not in params:
-        server_seed = _server_seed(item)
-        if server_seed is not None:
-            params["seed"] = server_seed
-    return GenerationParameters.from_dict(
+    gen = GenerationParameters.from_dict(
         params, settings.engine, max_new_tokens_limit=settings.max_new_tokens_limit, strict=settings.strict_parameters
     )
+    seed = resolve_seed(gen, _server_seed(item))
+    return gen if seed == gen.seed else replace(gen, seed=seed)
+
+
+def resolve_seed(params: GenerationParameters, server_seed: Optional[int]) -> Optional[int]:
+    """The request's seed, decided once: a sampling request uses the client's ``seed``, else the
+    seed DJL's front end sent with the request, else a random one; a greedy request keeps only
+    what the client sent (it decides nothing). ``Request.seed`` is this value when sampling and
+    None when greedy, so replies report no seed for greedy decoding (as TGI does)."""
+    if params.seed is not None or not is_sampling(params):
+        return params.seed
+    return server_seed if server_seed is not None else random.randrange(1 << 31)
 
 
 def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:

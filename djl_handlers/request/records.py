@@ -45,7 +45,9 @@ class Request:
 
     ``prompt`` is the text sent to the model (after chat templating, before truncation);
     ``inputs`` is what the client sent as ``inputs`` (reported in ``details.inputs``).
-    ``output_formatter`` is a registered formatter name or a custom callable.
+    ``output_formatter`` is a registered formatter name or a custom callable. ``seed`` is the
+    seed the request samples with, resolved once by the parser (client's, else the front end's,
+    else random; equal to ``params.seed``), and None for a greedy request.
     """
 
     prompt: str

@@ -65,13 +65,14 @@ def test_tgi_non_stream_is_list_wrapped_with_tgi_details() -> None:
     assert details["tokens"][0] == {"id": 10, "text": "Bon", "logprob": -0.5, "special": False}
 
 
-def test_tgi_seed_is_client_seed_else_null_when_greedy() -> None:
-    out = make_output(details=True, seed=7)
-    out.request.seed = 99
+def test_tgi_seed_is_the_resolved_seed_and_null_when_greedy() -> None:
+    out = make_output(details=True, seed=7, do_sample=True, request_seed=7)
     assert json.loads(body_of("tgi", out, [TOKS]))[0]["details"]["seed"] == 7
-    greedy = make_output(details=True)
+    greedy = make_output(details=True, seed=7)  # a client seed does not make greedy decoding seeded
     greedy.request.seed = 99
     assert json.loads(body_of("tgi", greedy, [TOKS]))[0]["details"]["seed"] is None
+    zero = make_output(details=True, do_sample=True, temperature=0.0, request_seed=5)
+    assert json.loads(body_of("tgi", zero, [TOKS]))[0]["details"]["seed"] is None
 
 
 def test_tgi_stream_events_index_and_closing_fields() -> None:
