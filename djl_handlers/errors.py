@@ -7,6 +7,7 @@ server and the handlers return for it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -144,13 +145,29 @@ def message_of(exc: BaseException) -> str:
 def error_body(exc: BaseException) -> dict[str, Any]:
     """The JSON body for an error: ``{"code", "message", "error"}`` as DJL's ``Output.error``,
     plus ``type`` (and ``field`` when known) so clients can react without parsing text."""
-    code = status_of(exc)
+    field = safe_text(exc.field) if isinstance(exc, DjlHandlersError) and exc.field else None
+    kind = exc.kind if isinstance(exc, DjlHandlersError) else "engine_error"
+    return output_error_body(status_of(exc), message_of(exc), kind, field)
+
+
+def output_error_body(code: int, error: str, kind: str = "engine_error", field: str | None = None) -> dict[str, Any]:
+    """DJL's ``Output.error`` body ``{"code", "message", "error", "type"[, "field"]}`` for ``code``."""
     body: dict[str, Any] = {
         "code": code,
         "message": "invalid request" if 400 <= code < 500 and code != 424 else "prediction failure",
-        "error": message_of(exc),
-        "type": exc.kind if isinstance(exc, DjlHandlersError) else "engine_error",
+        "error": error,
+        "type": kind,
     }
-    if isinstance(exc, DjlHandlersError) and exc.field:
-        body["field"] = safe_text(exc.field)
+    if field:
+        body["field"] = field
     return body
+
+
+def record_error_body(code: int | None, error: str | None) -> str:
+    """DJL's front-end rendering of a rolling-batch record carrying ``code``: compact
+    ``{"error":..,"code":..}``, ``error`` first (observed with DJL 0.34)."""
+    body: dict[str, Any] = {}
+    if error is not None:
+        body["error"] = error
+    body["code"] = code
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

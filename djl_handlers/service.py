@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.errors import DjlHandlersError, error_body
-from djl_handlers.extensions import CANCEL_PROPERTY
+from djl_handlers.extensions import API_PROPERTY, CANCEL_PROPERTY
+from djl_handlers.formatting.registry import error_formatter
 from djl_handlers.io.compat import new_output
 from djl_handlers.request.parser import ParserSettings, parse_request
 from djl_handlers.request.records import Request
@@ -116,7 +117,7 @@ class InferenceService:
             try:
                 batch.add_request(self._parse(item))
             except DjlHandlersError as exc:
-                batch.add_error(exc)
+                batch.add_error(exc, formatter=error_formatter(item.get_property(API_PROPERTY)))
         out = new_output(inputs)
         for index, (record, content_type) in enumerate(batch.step()):
             out.add(type(out).binary_encode(record), key="data", batch_index=index)

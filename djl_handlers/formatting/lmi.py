@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, Optional
 
+from djl_handlers.errors import record_error_body
 from djl_handlers.request.records import RequestOutput, Token
 
 # Error code used when a failed request carries none (DJL's rolling-batch failure code).
@@ -28,7 +29,16 @@ PLACEHOLDER_TOKEN = Token(id=-1, text="", log_prob=None, special=True)
 
 
 class Formatter(ABC):
-    """A named, stateless step formatter: ``RequestOutput`` -> text chunk for the HTTP body."""
+    """A named, stateless step formatter: ``RequestOutput`` -> text chunk for the HTTP body.
+
+    A formatter is also its API dialect's error renderer (the scheduler calls these, the server
+    never renders a request's error): ``error_body`` for a request that failed before any byte
+    was sent (the whole body; the status is the error's code) and ``error_chunk`` for one that
+    failed mid-stream (the last chunk). Both default to DJL's own rendering of a failed record,
+    compact ``{"error","code"}``, which the LMI ``json``/``jsonlines``/``sse`` bodies keep before
+    the stream (DJL's front end writes exactly that); dialects with their own error object
+    override them.
+    """
 
     name: str = ""
     content_type: str = "application/json"
@@ -36,6 +46,14 @@ class Formatter(ABC):
     @abstractmethod
     def __call__(self, out: RequestOutput) -> str:
         """Text to append to the body for this step; ``""`` for nothing."""
+
+    def error_body(self, out: RequestOutput) -> str:
+        """The whole body for a request that failed before anything was sent."""
+        return record_error_body(error_code(out), error_message(out))
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        """The last chunk of a stream that failed after some data was sent."""
+        return record_error_body(error_code(out), error_message(out))
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} ({self.content_type})>"
@@ -220,10 +238,14 @@ def jsonlines_record(out: RequestOutput, token: Token, closing: bool) -> dict[st
 
 
 class JsonLinesFormatter(Formatter):
-    """``jsonlines``: one ``{"token": {...}}`` line per new token; the last line closes."""
+    """``jsonlines``: one ``{"token": {...}}`` line per new token; the last line closes (with
+    ``error``/``code`` when the request failed mid-stream)."""
 
     name = "jsonlines"
     content_type = "application/jsonlines"
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
         return "".join(dumps(jsonlines_record(out, token, closing)) + "\n" for _, token, closing in step_events(out))

@@ -103,6 +103,16 @@ def get_formatter(spec: FormatterSpec, *, stream: bool, tgi_compat: bool = False
     return FORMATTERS[name][0]()
 
 
+# The formatter whose error rendering a request of each API dialect (set by the server's routes)
+# gets when it fails before it could be parsed; anything else gets DJL's LMI rendering.
+_ERROR_FORMATTERS = {"tgi": "tgi", "tgi_stream": "tgi_stream", "chat": "chat_json", "completion": "completion_json"}
+
+
+def error_formatter(api: Optional[str]) -> Formatter:
+    """The formatter that renders errors for an unparsed request of API dialect ``api``."""
+    return get_formatter(_ERROR_FORMATTERS.get((api or "").strip().lower(), "json"), stream=False)
+
+
 def content_type_for(spec: FormatterSpec, stream: bool, tgi_compat: bool = False, *, config: bool = False) -> str:
     """Content-Type of the body that ``spec`` produces (without building the formatter)."""
     if callable(spec):

@@ -25,6 +25,7 @@ from typing import Any, Optional
 from djl_handlers.formatting.lmi import (
     Formatter,
     dumps_compact,
+    error_code,
     error_message,
     finite,
     first_new_index,
@@ -62,8 +63,11 @@ def tgi_seed(out: RequestOutput) -> Optional[int]:
 
 
 def tgi_error(out: RequestOutput) -> dict[str, Any]:
-    """TGI's error object for a failed generation."""
-    return {"error": error_message(out), "error_type": "generation"}
+    """TGI's error object: ``error_type`` ``validation`` for a request the server refused (4xx but
+    DJL's 424), ``generation`` for a failed generation."""
+    code = error_code(out)
+    kind = "validation" if 400 <= code < 500 and code != 424 else "generation"
+    return {"error": error_message(out), "error_type": kind}
 
 
 class TgiFormatter(Formatter):
@@ -71,6 +75,9 @@ class TgiFormatter(Formatter):
 
     name = "tgi"
     content_type = "application/json"
+
+    def error_body(self, out: RequestOutput) -> str:
+        return dumps_compact(tgi_error(out))
 
     def __call__(self, out: RequestOutput) -> str:
         if not out.finished:
@@ -97,6 +104,12 @@ class TgiStreamFormatter(Formatter):
 
     name = "tgi_stream"
     content_type = "text/event-stream"
+
+    def error_body(self, out: RequestOutput) -> str:
+        return dumps_compact(tgi_error(out))  # TGI answers a refused stream with a JSON body
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
         if out.finished and is_error(out):

@@ -15,7 +15,7 @@ from itertools import count
 from typing import Any
 
 from djl_handlers.engines.base import Engine, EngineRequest, StepOutput
-from djl_handlers.errors import error_body
+from djl_handlers.errors import error_body, output_error_body
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -63,8 +63,7 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request]) -> list[Any]:
             bodies.append(errors[index])
         elif any(s.output.error for s in slots[index]):
             failed = next(s for s in slots[index] if s.output.error)
-            bodies.append({"code": failed.output.error_code, "message": "prediction failure",
-                           "error": failed.output.error, "type": "engine_error"})
+            bodies.append(output_error_body(failed.output.error_code or 424, failed.output.error or ""))
         else:
             bodies.append([{"generated_text": s.output.full_text} for s in slots[index]])
     return bodies

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
 from djl_handlers.errors import DjlHandlersError, message_of, status_of
+from djl_handlers.formatting.lmi import Formatter
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -70,12 +71,15 @@ class RollingBatch:
             slot.fail(message_of(exc), status_of(exc))
         return slot
 
-    def add_error(self, exc: BaseException, request: Optional[Request] = None) -> RequestSlot:
-        """Append a slot for a request that could not be parsed; it reports the error at once."""
+    def add_error(
+        self, exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None
+    ) -> RequestSlot:
+        """Append a slot for a request that could not be parsed; it reports the error at once,
+        rendered by ``formatter`` (the request's API dialect; default: DJL's LMI rendering)."""
         from djl_handlers.formatting import get_formatter
 
         stub = request or _error_request()
-        slot = RequestSlot(stub, get_formatter("json", stream=False), self._new_id())
+        slot = RequestSlot(stub, formatter or get_formatter("json", stream=False), self._new_id())
         slot.fail(message_of(exc), status_of(exc))
         self.slots.append(slot)
         return slot

@@ -39,6 +39,7 @@ class RequestSlot:
         self.output = RequestOutput(request=request, prompt_tokens=len(prompt_ids))
         self.in_engine = False
         self.cancelled = False
+        self.sent = False  # some data reached the client (an error is then a stream chunk)
         params = request.params
         self._detok = (
             IncrementalDetokenizer(tokenizer, prompt_ids, params_skip_special(params)) if tokenizer else None
@@ -145,17 +146,29 @@ class RequestSlot:
 
     # -- output ----------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
-        """The rolling-batch record for this step (DJL keys data/last/code/error)."""
+        """The rolling-batch record for this step (DJL keys data/last/code/error).
+
+        A failure is rendered by the request's formatter, in its API dialect: before any data
+        was sent, the whole error body with ``code``/``error`` (the front end makes ``code`` the
+        HTTP status); after, the stream's last chunk (the status is already 200).
+        """
         out = self.output
         if out.error is not None:
-            return {"data": "", "last": True, "code": out.error_code or 424, "error": out.error}
+            if not self.sent:
+                code = out.error_code or 424
+                return {"data": self.formatter.error_body(out), "last": True, "code": code, "error": out.error}
+            data = self.formatter.error_chunk(out)
+            out.new_tokens = []
+            return {"data": data, "last": True}
         data = "" if self.cancelled else self.formatter(out)
         out.new_tokens = []
+        self.sent = self.sent or bool(data)
         return {"data": data, "last": out.finished}
 
     @property
     def content_type(self) -> str:
-        return "application/json" if self.output.error is not None else self.formatter.content_type
+        failed_first = self.output.error is not None and not self.sent
+        return "application/json" if failed_first else self.formatter.content_type
 
 
 def params_skip_special(params: Any) -> bool:

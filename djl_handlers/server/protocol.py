@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from djl_handlers.errors import record_error_body
 from djl_handlers.extensions import CANCEL_PROPERTY
 from djl_handlers.io import wire
 
@@ -190,25 +191,13 @@ class Record:
     error: str | None = None
     tokens: int = 1
 
-    def error_body(self, api: str | None = None) -> bytes:
-        """DJL's compact chunk for a record carrying ``code``: ``{"error":..,"code":..}``.
-
-        Key order as DJL serialises its map (``error`` first, observed with DJL 0.34). Requests that
-        came through the OpenAI or TGI routes (``api``) get that dialect's error object instead, so
-        the official clients show the message.
-        """
-        if api in ("chat", "completion"):
-            kind = "invalid_request_error" if self.code is not None and self.code < 500 else "server_error"
-            error = {"message": self.error or "", "type": kind, "param": None, "code": self.code}
-            return json.dumps({"error": error}, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if api in ("tgi", "tgi_stream"):
-            tgi = {"error": self.error or "", "error_type": "validation" if self.code == 400 else "generation"}
-            return json.dumps(tgi, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        body: dict[str, Any] = {}
-        if self.error is not None:
-            body["error"] = self.error
-        body["code"] = self.code
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    def error_body(self) -> bytes:
+        """The body for a record carrying ``code``: the handler's own rendering (``data``, in the
+        request's API dialect) when it sent one, else DJL's compact ``{"error":..,"code":..}``
+        (a handler written against djl_python's API). The server renders no dialect itself."""
+        if self.data:
+            return self.data.encode("utf-8")
+        return record_error_body(self.code, self.error).encode("utf-8")
 
 
 def decode_record(blob: bytes) -> Record:

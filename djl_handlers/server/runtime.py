@@ -21,7 +21,6 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.io import wire
 from djl_handlers.server.metrics import Metrics
 from djl_handlers.server.protocol import (
@@ -319,8 +318,7 @@ class ModelRuntime:
         if default and not any(key.lower() == "content-type" for key in merged):
             merged["Content-Type"] = default
         if record.code is not None:
-            api = next((v for k, v in slot.request.properties.items() if k.lower() == API_PROPERTY.lower()), None)
-            sink.fail(record.code, record.error_body(api), merged)
+            sink.fail(record.code, record.error_body(), merged)
             return
         if record.data:
             sink.start(200, merged)

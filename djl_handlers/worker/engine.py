@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from djl_handlers.errors import message_of
+from djl_handlers.errors import message_of, output_error_body
 from djl_handlers.io import wire
 from djl_handlers.worker.loader import HandlerService
 
@@ -104,8 +104,7 @@ def _send(conn: socket.socket, output: Any) -> None:
         if counting.sent:
             raise
         _LOG.exception("cannot encode the handler's Output")
-        body = {"code": 424, "message": "prediction failure",
-                "error": f"cannot encode the handler's Output: {message_of(exc)}"}
+        body = output_error_body(424, f"cannot encode the handler's Output: {message_of(exc)}")
         conn.sendall(wire.encode_output_frame(
             424, "prediction failure", {"content-type": "application/json"},
             [(None, json.dumps(body).encode("utf-8"))]))
