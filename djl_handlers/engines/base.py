@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from djl_handlers.errors import PromptTooLong
+
 if TYPE_CHECKING:
     from djl_handlers.params.generation import GenerationParameters
 
@@ -47,6 +49,19 @@ class StepOutput:
     error: Optional[str] = None
     prompt_logprobs: Optional[Sequence[Optional[float]]] = None
     top_tokens: Optional[Sequence[tuple[int, float]]] = None
+
+
+def check_prompt_length(n: int, max_model_len: int) -> None:
+    """The one prompt-length rule: ``PromptTooLong`` (field ``inputs``) unless the prompt has at
+    least one token and leaves room for one generated token in ``max_model_len``."""
+    if n == 0:
+        raise PromptTooLong("inputs is empty after tokenization", field="inputs")
+    if n >= max_model_len:
+        raise PromptTooLong(
+            f"inputs has {n} tokens but the model allows at most {max_model_len - 1} "
+            f"(max_model_len {max_model_len}); shorten the prompt or set parameters.truncate",
+            field="inputs",
+        )
 
 
 class Tokenizer(Protocol):

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
 from djl_handlers.engines.hf_batch import (
     KVBatch,
     left_pad,
@@ -46,7 +46,7 @@ from djl_handlers.engines.hf_batch import (
 from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
 from djl_handlers.engines.hf_static import generate_static as static_generate
 from djl_handlers.engines.sampling import RowSampling, sample_batch
-from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
+from djl_handlers.errors import ConfigError, EngineOutOfMemory
 from djl_handlers.params.translate import translate
 
 LOG = logging.getLogger(__name__)
@@ -146,15 +146,7 @@ class HFEngine:
     # ------------------------------------------------------------------ protocol
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; it is prefilled at a coming ``step``."""
-        n = len(request.prompt_ids)
-        if n == 0:
-            raise InvalidRequest("the prompt is empty (no tokens)", field="inputs")
-        if n >= self.max_model_len:
-            raise PromptTooLong(
-                f"the prompt has {n} tokens; the model's context holds {self.max_model_len} tokens "
-                "including at least one generated token",
-                field="inputs",
-            )
+        check_prompt_length(len(request.prompt_ids), self.max_model_len)
         if request.request_id in self._ids:
             raise ValueError(f"request id {request.request_id} is already in the engine")
         params = request.params

@@ -15,17 +15,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.errors import ConfigError
 
-DTYPES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "auto": "auto",
-}
+# option.dtype values and torch's own names for them
+DTYPES = {**DTYPE_NAMES, **{name: name for name in DTYPE_NAMES.values()}}
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
 from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
+from djl_handlers.errors import PromptTooLong
 from djl_handlers.params.translate import translate
 
 
@@ -30,9 +31,10 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
     groups: dict[tuple[Any, ...], list[int]] = {}
     limits: dict[int, int] = {}
     for i, req in enumerate(requests):
-        if len(req.prompt_ids) == 0 or len(req.prompt_ids) >= engine.max_model_len:
-            msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {engine.max_model_len}"
-            results[i] = [StepOutput(req.request_id, error=msg)]
+        try:
+            check_prompt_length(len(req.prompt_ids), engine.max_model_len)
+        except PromptTooLong as exc:
+            results[i] = [StepOutput(req.request_id, error=exc.message)]
             continue
         settings = translate(req.params, engine.name)  # to_hf / to_deepspeed: the one greedy rule
         limits[i] = int(settings["max_new_tokens"])

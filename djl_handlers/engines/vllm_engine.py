@@ -34,12 +34,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong
 
 LOG = logging.getLogger(__name__)
 
-DTYPES: Mapping[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "auto"}
 LMI_DIST_NOTICE = "option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is not installed)"
 
 
@@ -137,7 +137,7 @@ def engine_args_kwargs(config: Any) -> dict[str, Any]:
     dtype = str(getattr(config, "dtype", "auto") or "auto")
     kwargs: dict[str, Any] = {
         "model": resolve_model(config),
-        "dtype": DTYPES.get(dtype, dtype),
+        "dtype": DTYPE_NAMES.get(dtype, dtype),
         "tensor_parallel_size": tensor_parallel_size(config),
         "max_num_seqs": int(getattr(config, "max_rolling_batch_size", 256) or 256),
         "trust_remote_code": bool(getattr(config, "trust_remote_code", False)),

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
+from djl_handlers.config.engines import ENGINES, canonical_engine
 
 NATIVE = "native"
 EMULATED = "emulated"
@@ -65,16 +65,12 @@ SUPPORT: dict[str, dict[str, str]] = {
     for i, engine in enumerate(ENGINES)
 }
 
-_ENGINE_ALIASES: Mapping[str, str] = {
-    "trtllm": "tensorrt_llm", "tensorrt-llm": "tensorrt_llm", "lmi_dist": "lmi-dist",
-    "hf": "huggingface",
-}
 
 
 def normalize_engine(engine: str) -> str:
     """Canonical engine name; ``ValueError`` for an engine that does not exist (a bug, not input)."""
-    name = _ENGINE_ALIASES.get(engine, engine)
-    if name not in SUPPORT:
+    name = canonical_engine(engine)
+    if name is None:
         raise ValueError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
     return name
 

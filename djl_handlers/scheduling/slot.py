@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from djl_handlers.engines.base import Engine, StepOutput, Tokenizer
-from djl_handlers.errors import PromptTooLong
+from djl_handlers.engines.base import Engine, StepOutput, Tokenizer, check_prompt_length
 from djl_handlers.request.records import Request, RequestOutput, Token
 from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
 from djl_handlers.scheduling.stopping import StopSequenceMatcher
@@ -183,13 +182,5 @@ def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = No
     truncate = request.params.truncate
     if truncate is not None and len(ids) > truncate:
         ids = ids[-truncate:]
-    if not ids:
-        raise PromptTooLong("inputs is empty after tokenization", field="inputs")
-    limit = engine.max_model_len
-    if len(ids) >= limit:
-        raise PromptTooLong(
-            f"inputs has {len(ids)} tokens but the model allows at most {limit - 1} "
-            f"(max_model_len {limit}); shorten the prompt or set parameters.truncate",
-            field="inputs",
-        )
+    check_prompt_length(len(ids), engine.max_model_len)
     return ids

@@ -334,17 +334,12 @@ class InProcessTransport:
 
     def call(self, properties: Mapping[str, str], content: Content) -> wire.OutputFrame:
         """Run the handler on one frame and decode its reply."""
-        from djl_handlers.io.compat import io_classes
+        from djl_handlers.io.compat import input_from_frame
 
         raw = wire.encode_input_frame(properties, content)
         props, entries = wire.read_input_frame(io.BytesIO(raw))
         props["device_id"] = self._device_id
-        item = io_classes()[0]()
-        item.properties = props
-        for key, value in entries:
-            item.content.add(key=key, value=bytearray(value))
-        item.function_name = props.get("handler")
-        output = self._service.invoke(item)
+        output = self._service.invoke(input_from_frame(props, entries))
         buffer = _Buffer()
         output.send(buffer)
         finalize: Callable[[], Any] | None = getattr(output, "execute_finalize", None)

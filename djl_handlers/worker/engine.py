@@ -26,6 +26,7 @@ from typing import Any
 
 from djl_handlers.errors import message_of, output_error_body
 from djl_handlers.io import wire
+from djl_handlers.io.compat import input_from_frame
 from djl_handlers.worker.loader import HandlerService
 
 __all__ = ["STARTED_LINE", "build_parser", "main", "serve_connection"]
@@ -81,18 +82,6 @@ class _CountingConn:
         self.sent += len(data)
 
 
-def _make_input(properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> Any:
-    """An ``Input`` of the family the handler expects (djl_python's inside DJL Serving)."""
-    from djl_handlers.io.compat import io_classes
-
-    item = io_classes()[0]()
-    item.properties = properties
-    for key, value in content:
-        item.content.add(key=key, value=bytearray(value))
-    item.function_name = properties.get("handler")
-    return item
-
-
 def _send(conn: socket.socket, output: Any) -> None:
     """Send ``output``; a reply that fails before its first byte is replaced by an error reply."""
     counting = _CountingConn(conn)
@@ -119,7 +108,7 @@ def serve_connection(conn: socket.socket, service: HandlerService, extra: dict[s
         except EOFError:
             return
         properties.update(extra)
-        inputs = _make_input(properties, content)
+        inputs = input_from_frame(properties, content)
         output = service.invoke(inputs)
         _send(conn, output)
         finalize = getattr(output, "execute_finalize", None)
