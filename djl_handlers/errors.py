@@ -1,8 +1,9 @@
-"""One exception tree for the whole project and one table from exception to HTTP status.
+"""One exception tree for the whole project; each class carries its HTTP status.
 
 Every error a user can cause is a ``DjlHandlersError`` subclass carrying an HTTP status code
-and a message that names the offending field or key. ``error_body`` renders the JSON body the
-server and the handlers return for it.
+and a message that names the offending field or key. ``error_body`` renders DJL's ``Output.error``
+body for it and ``record_error_body`` DJL's rendering of a failed rolling-batch record; errors in
+an API dialect (TGI, OpenAI, ...) are rendered by that dialect's formatter.
 """
 
 from __future__ import annotations
@@ -50,13 +51,6 @@ class PromptTooLong(InvalidRequest):
     kind = "prompt_too_long"
 
 
-class PayloadTooLarge(InvalidRequest):
-    """The request body exceeds the server's limit."""
-
-    status = 413
-    kind = "payload_too_large"
-
-
 class UnsupportedMediaType(InvalidRequest):
     """The request's Content-Type cannot be decoded."""
 
@@ -91,43 +85,13 @@ class EngineOutOfMemory(EngineError):
     kind = "out_of_memory"
 
 
-class ServerBusy(DjlHandlersError):
-    """The job queue is full (DJL's 503)."""
-
-    status = 503
-    kind = "server_busy"
-
-
-class RequestCancelled(DjlHandlersError):
-    """The client went away or the server is shutting down."""
-
-    status = 499
-    kind = "cancelled"
-
-
-# exception class -> (status, kind); the first matching entry in MRO order wins.
-STATUS_TABLE: dict[type[BaseException], int] = {
-    PayloadTooLarge: 413,
-    UnsupportedMediaType: 415,
-    InvalidRequest: 400,
-    ConfigError: 500,
-    EngineOutOfMemory: 507,
-    MemoryError: 507,
-    EngineError: 424,
-    ServerBusy: 503,
-    RequestCancelled: 499,
-}
-
-
 def status_of(exc: BaseException) -> int:
-    """HTTP status for any exception: our own tree first, DJL's OOM rule, else 424 as DJL does."""
+    """HTTP status for any exception: our own tree's ``status``, DJL's 507 for out-of-memory
+    (``MemoryError``, torch's ``OutOfMemoryError``), else DJL's 424."""
     if isinstance(exc, DjlHandlersError):
         return exc.status
-    if type(exc).__name__ in ("OutOfMemoryError", "MemoryError"):
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return 507
-    for cls in type(exc).__mro__:
-        if cls in STATUS_TABLE:
-            return STATUS_TABLE[cls]
     return 424
 
 

@@ -53,7 +53,7 @@ class InferenceService:
 
             props["model_id"] = str(embedded_model_dir())
         config = ServingConfig.from_properties(props, engine=self.engine_name)
-        factory = self._engine_factory or _registry_factory(config, self.engine_name)
+        factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
             from djl_handlers.formatting.registry import resolve_name
 
@@ -74,7 +74,7 @@ class InferenceService:
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
-            self.rolling = RollingBatch(self.engine, self._formatter_for, int(config.max_rolling_batch_size))
+            self.rolling = RollingBatch(self.engine, self._formatter_for)
         self.config = config
         self.initialized = True
         LOG.info(
@@ -165,7 +165,7 @@ def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str
     return render
 
 
-def _registry_factory(config: Any, engine_name: str) -> EngineFactory:
+def _registry_factory(config: Any) -> EngineFactory:
     from djl_handlers.engines.registry import load_engine_class
 
     return load_engine_class(config.serving_engine).from_config  # type: ignore[no-any-return]

@@ -26,13 +26,6 @@ class Token:
     log_prob: Optional[float] = None
     special: bool = False
 
-    def as_lmi_dict(self) -> dict[str, Any]:
-        """LMI v0.27 token object: ``id`` is a one-element list."""
-        return {"id": [self.id], "text": self.text, "log_prob": self.log_prob}
-
-    def as_tgi_dict(self) -> dict[str, Any]:
-        """TGI token object: scalar ``id``, ``logprob`` and ``special``."""
-        return {"id": self.id, "text": self.text, "logprob": self.log_prob, "special": self.special}
 
 
 # A custom output formatter from model.py: called once per step with the request's output.

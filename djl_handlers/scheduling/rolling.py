@@ -29,10 +29,9 @@ FormatterFactory = Callable[[Request], Any]
 class RollingBatch:
     """The Python half of DJL's rolling-batch loop for one engine."""
 
-    def __init__(self, engine: Engine, formatter_factory: FormatterFactory, max_slots: int = 32) -> None:
+    def __init__(self, engine: Engine, formatter_factory: FormatterFactory) -> None:
         self.engine = engine
         self._formatter_factory = formatter_factory
-        self.max_slots = max_slots
         self.slots: list[RequestSlot] = []
         self._next_id = 0
 

@@ -8,10 +8,6 @@ from typing import Any, Optional
 import pytest
 
 from djl_handlers.formatting import (
-    dynamic_batch_body,
-    dynamic_batch_json,
-    dynamic_stream_error_line,
-    dynamic_stream_line,
     get_formatter,
 )
 from djl_handlers.params.generation import GenerationParameters
@@ -237,18 +233,3 @@ def test_3p_error_shape() -> None:
 # --------------------------------------------------------------------------- dynamic batch
 
 
-def test_dynamic_batch_body_seed_shape() -> None:
-    body = dynamic_batch_body(["Deep Learning is fun", "Oranges peel"])
-    assert body == [{"generated_text": "Deep Learning is fun"}, {"generated_text": "Oranges peel"}]
-    assert list(body[0]) == ["generated_text"]
-
-
-def test_dynamic_batch_json_bytes_match_djl_add_as_json() -> None:
-    assert dynamic_batch_json(["é"]) == '[\n  {\n    "generated_text":"é"\n  }\n]'
-
-
-def test_dynamic_stream_lines_seed_shape() -> None:
-    assert dynamic_stream_line(["This"]) == '{"outputs": ["This"]}\n'
-    assert dynamic_stream_line(["a", "ü"]) == '{"outputs": ["a", "ü"]}\n'
-    assert dynamic_stream_error_line("oops") == '{"error_msg": "oops"}\n'
-    assert json.loads(dynamic_stream_error_line(" "))["error_msg"]
