@@ -70,7 +70,10 @@ class RequestSlot:
         out.finish_reason = reason
 
     def fail(self, message: str, code: int = 424) -> None:
-        """Finish the request with an error; it gets an error record instead of text."""
+        """Finish the request with an error; it gets an error record instead of text. A request
+        that already finished (or was cancelled) keeps its outcome."""
+        if self.output.finished:
+            return
         self.output.error = message or "request failed"
         self.output.error_code = code
         self.finish("error")

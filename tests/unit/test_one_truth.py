@@ -49,3 +49,29 @@ def test_one_prompt_length_rule(tokens: int, limit: int, error: str | None) -> N
     with pytest.raises(PromptTooLong, match=error) as info:
         check_prompt_length(tokens, limit)
     assert info.value.field == "inputs"
+
+
+# --------------------------------------------------------------------------- docs that name code
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+JAVA_NAMES = {"PyPredictor"}  # DJL's Java classes the architecture page compares with
+
+
+def test_architecture_names_only_classes_that_exist() -> None:
+    import re
+
+    source = "\n".join(p.read_text() for p in (ROOT / "djl_handlers").rglob("*.py"))
+    names = set(re.findall(r"`([A-Z][A-Za-z]+)`", (ROOT / "docs" / "architecture.md").read_text()))
+    missing = [n for n in sorted(names - JAVA_NAMES)
+               if not re.search(rf"^\s*(class {n}\b|{n}\s*[:=])", source, re.MULTILINE)]
+    assert not missing, f"docs/architecture.md names {missing}, which the code does not define"
+
+
+def test_engines_read_generation_settings_only_through_translations() -> None:
+    """No ``getattr`` on a request's parameters in the engines: settings come from ``to_*``."""
+    for path in (ROOT / "djl_handlers" / "engines").glob("*.py"):
+        text = path.read_text()
+        assert "getattr(params" not in text and "getattr(request.params" not in text, path.name
+        assert "getattr(r.params" not in text and "getattr(req.params" not in text, path.name
+    for name in ("hf_engine.py", "hf_static.py"):
+        assert "translate(" in (ROOT / "djl_handlers" / "engines" / name).read_text(), name
