@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
 from djl_handlers.errors import PromptTooLong
 
 if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
     from djl_handlers.params.generation import GenerationParameters
 
 
@@ -95,3 +96,17 @@ class Engine(Protocol):
     def release(self, request_id: int) -> None: ...
 
     def has_unfinished(self) -> bool: ...
+
+
+@runtime_checkable
+class StaticEngine(Protocol):
+    """An engine with a dynamic-batch path: whole generations for a batch at once (``generate()``),
+    one list of per-token outputs per request, in order."""
+
+    def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]: ...
+
+
+class EngineClass(Protocol):
+    """What the registry returns for an engine name: a class built from the model's config."""
+
+    def from_config(self, config: ServingConfig) -> Engine: ...

@@ -32,7 +32,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +48,9 @@ from djl_handlers.engines.hf_static import generate_static as static_generate
 from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory
 from djl_handlers.params.translate import translate
+
+if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
 
 LOG = logging.getLogger(__name__)
 
@@ -110,27 +113,25 @@ class HFEngine:
         self._ids: set[int] = set()
 
     @classmethod
-    def from_config(cls, config: Any) -> HFEngine:
+    def from_config(cls, config: ServingConfig) -> HFEngine:
         """Build from a ``ServingConfig`` (registry entry point).
 
         Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
         options, ``max_prefill_tokens`` and ``torch_threads``.
         """
-        raw = getattr(config, "raw", None) or {}
-        device = str(getattr(config, "device", "cpu") or "cpu")
-        device_id = getattr(config, "device_id", None)
-        if device.startswith("cuda") and ":" not in device and device_id is not None:
-            device = f"{device}:{device_id}"
-        hf = getattr(config, "hf", None)
+        raw = config.raw
+        device = config.device
+        if device.startswith("cuda") and ":" not in device and config.device_id is not None:
+            device = f"{device}:{config.device_id}"
         return cls.load(
             config,
             device=device,
-            attn_implementation=getattr(hf, "attn_implementation", None),
+            attn_implementation=config.hf.attn_implementation,
             torch_threads=raw.get("torch_threads"),
-            max_batch_size=getattr(config, "max_rolling_batch_size", None),
+            max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
-            max_model_len=getattr(config, "max_model_len", None),
+            max_model_len=config.max_model_len,
         )
 
     @classmethod

@@ -150,7 +150,7 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
     extra = {"attn_implementation": opts.attn_implementation} if opts.attn_implementation else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **common)
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {model_id!r}: {exc}", field="option.model_id") from exc
     model.to(resolve_device(opts.device))

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Mapping
 
 from djl_handlers.config.engines import canonical_engine
+from djl_handlers.engines.base import EngineClass
 from djl_handlers.errors import ConfigError, EngineNotInstalled
 
 LOG = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def translate_import_error(name: str, exc: ImportError) -> EngineNotInstalled | 
     return None
 
 
-def load_engine_class(name: str) -> type:
+def load_engine_class(name: str) -> EngineClass:
     """Import and return the engine class registered under ``name`` (aliases accepted).
 
     Raises ``ConfigError`` for an unknown name and ``EngineNotInstalled`` (no chained traceback)
@@ -113,6 +114,6 @@ def load_engine_class(name: str) -> type:
         if err is None:
             raise
         raise err from None
-    cls = getattr(module, attr)
+    cls: EngineClass = getattr(module, attr)
     LOG.debug("engine %r resolved to %s", name, ENGINES[key])
-    return cls  # type: ignore[no-any-return]
+    return cls

@@ -14,18 +14,21 @@ from collections.abc import Iterator, Sequence
 from itertools import count
 from typing import Any
 
-from djl_handlers.engines.base import Engine, EngineRequest, StepOutput
+from djl_handlers.engines.base import Engine, EngineRequest, StaticEngine, StepOutput
 from djl_handlers.errors import error_body, output_error_body
-from djl_handlers.request.records import Request
+from djl_handlers.formatting.lmi import Formatter
+from djl_handlers.request.records import Request, RequestOutput
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
 _IDS = count(1 << 40)
 
 
-class _NoFormatter:
+class _NoFormatter(Formatter):
+    """Dynamic batches build their bodies from the slots' outputs, not per step."""
+
     content_type = "application/json"
 
-    def __call__(self, out: Any) -> str:
+    def __call__(self, out: RequestOutput) -> str:
         return ""
 
 
@@ -71,10 +74,9 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request]) -> list[Any]:
 
 def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> None:
     reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt) for s, ids in members]
-    generate_static = getattr(engine, "generate_static", None)
     try:
-        if generate_static is not None:
-            for (slot, _), outputs in zip(members, generate_static(reqs), strict=True):
+        if isinstance(engine, StaticEngine):
+            for (slot, _), outputs in zip(members, engine.generate_static(reqs), strict=True):
                 for step in outputs:
                     slot.consume(step)
                     if slot.finished:

@@ -120,9 +120,9 @@ class RollingBatch:
                 slot.fail(f"engine step failed: {message_of(exc)}", status_of(exc))
             return
         for out in outputs:
-            slot = by_id.get(out.request_id)
-            if slot is not None:
-                slot.consume(out)
+            target = by_id.get(out.request_id)
+            if target is not None:
+                target.consume(out)
 
     def _release(self, slot: RequestSlot) -> None:
         slot.in_engine = False

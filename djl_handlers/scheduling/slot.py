@@ -41,14 +41,14 @@ class RequestSlot:
         self.sent = False  # some data reached the client (an error is then a stream chunk)
         params = request.params
         self._detok = (
-            IncrementalDetokenizer(tokenizer, prompt_ids, params_skip_special(params)) if tokenizer else None
+            IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens) if tokenizer else None
         )
-        self._eos = frozenset() if getattr(params, "ignore_eos_token", False) else eos_token_ids
+        self._eos = frozenset() if params.ignore_eos_token else eos_token_ids
         self._stops = StopSequenceMatcher(params.stop_sequences or ())
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
         self._prompt_ids = prompt_ids
         self._tokenizer = tokenizer
-        self._top_n = int(getattr(params, "top_n_tokens", 0) or 0)
+        self._top_n = params.top_n_tokens
         self._special_ids: Optional[frozenset[int]] = None  # built on first use (prefill/top tokens)
         self._eos_ids = eos_token_ids
 
@@ -171,11 +171,6 @@ class RequestSlot:
     def content_type(self) -> str:
         failed_first = self.output.error is not None and not self.sent
         return "application/json" if failed_first else self.formatter.content_type
-
-
-def params_skip_special(params: Any) -> bool:
-    """skip_special_tokens from the parameters (default True)."""
-    return bool(getattr(params, "skip_special_tokens", True))
 
 
 def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = None) -> list[int]:
