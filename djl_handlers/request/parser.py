@@ -23,7 +23,7 @@ from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.bedrock import bedrock_to_lmi
 from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
-from djl_handlers.request.records import CustomFormatter, Request
+from djl_handlers.request.records import FormatterFunction, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
 TGI_NULL_ONLY = ("grammar", "adapter_id")
@@ -39,7 +39,7 @@ class ParserSettings:
 
     engine: str = "huggingface"
     rolling_batch: bool = True
-    default_output_formatter: Union[str, CustomFormatter, None] = None
+    default_output_formatter: Union[str, FormatterFunction, None] = None
     tgi_compat: bool = False
     max_new_tokens_limit: int = 4096
     strict_parameters: bool = True

@@ -28,8 +28,9 @@ class Token:
 
 
 
-# A custom output formatter from model.py: called once per step with the request's output.
-CustomFormatter = Callable[["RequestOutput"], str]
+# A custom output formatter function from model.py, called once per step with the request's output
+# (``formatting.registry.CustomFormatter`` is the class that wraps it).
+FormatterFunction = Callable[["RequestOutput"], str]
 
 
 @dataclass
@@ -46,7 +47,7 @@ class Request:
     prompt: str
     params: GenerationParameters
     stream: bool = False
-    output_formatter: Union[str, CustomFormatter, None] = None
+    output_formatter: Union[str, FormatterFunction, None] = None
     inputs: Any = None
     seed: Optional[int] = None
     properties: dict[str, str] = field(default_factory=dict)
