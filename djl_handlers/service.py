@@ -24,7 +24,7 @@ from djl_handlers.scheduling.rolling import RollingBatch
 
 if TYPE_CHECKING:
     from djl_handlers.config.models import ServingConfig
-    from djl_handlers.formatting.lmi import Formatter
+    from djl_handlers.formatting.base import Formatter
 
 LOG = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@
 from LMI v0.27. Importing this package does no work.
 """
 
-from djl_handlers.formatting.lmi import Formatter
+from djl_handlers.formatting.base import Formatter
 from djl_handlers.formatting.registry import (
     CustomFormatter,
     allowed_names,

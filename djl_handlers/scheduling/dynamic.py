@@ -16,7 +16,7 @@ from typing import Any
 
 from djl_handlers.engines.base import Engine, EngineRequest, StaticEngine, StepOutput
 from djl_handlers.errors import error_body, output_error_body
-from djl_handlers.formatting.lmi import Formatter
+from djl_handlers.formatting.base import Formatter
 from djl_handlers.request.records import Request, RequestOutput
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 

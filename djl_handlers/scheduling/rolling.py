@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
 from djl_handlers.errors import DjlHandlersError, message_of, status_of
-from djl_handlers.formatting.lmi import Formatter
+from djl_handlers.formatting.base import Formatter
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
