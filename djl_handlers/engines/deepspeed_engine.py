@@ -32,8 +32,8 @@ import os
 from typing import Any
 
 from djl_handlers.config.engines import DTYPE_NAMES
+from djl_handlers.engines.adapters import import_engine_library, tensor_parallel_size
 from djl_handlers.engines.hf_engine import HFEngine
-from djl_handlers.engines.vllm_engine import import_engine_library, tensor_parallel_size
 from djl_handlers.errors import ConfigError
 
 LOG = logging.getLogger(__name__)

@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from djl_handlers.config.engines import DTYPE_NAMES
-from djl_handlers.engines.base import EngineRequest, StepOutput
-from djl_handlers.engines.vllm_engine import (
+from djl_handlers.engines.adapters import (
     fit_kwargs,
     import_engine_library,
     resolve_model,
     tensor_parallel_size,
     token_logprob,
 )
+from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong, message_of
 
 LOG = logging.getLogger(__name__)

@@ -207,7 +207,7 @@ def test_invalid_value_for_vllm_is_invalid_parameter(fake_vllm: Any, monkeypatch
 
 
 def test_key_unknown_to_the_installed_vllm(fake_vllm: Any) -> None:
-    from djl_handlers.engines.vllm_engine import fit_kwargs
+    from djl_handlers.engines.adapters import fit_kwargs
 
     assert fit_kwargs(fake_vllm.SamplingParams, {"best_of": None, "n": 1}, "vllm") == {"n": 1}
     with pytest.raises(InvalidParameter, match="best_of=2 is not supported by the installed vllm") as info:
