@@ -3,7 +3,7 @@
 * :func:`single_frame` / :func:`batch_frame` / :func:`split_batch` — ``PyProcess.predict`` and
   ``PyPredictor.batchPredict`` (dynamic batching, ``batch_NNN.`` prefixes, one reply per request,
   a batch code >= 300 goes to every request);
-* :class:`RollingBatcher` — ``RollingBatch.java``'s step loop state: the whole in-flight list every
+* :class:`FrontEndBatch` — ``RollingBatch.java``'s step loop state: the whole in-flight list every
   step, properties/body/seed only on a request's first step and empty bodies afterwards,
   ``reset_rollingbatch=true`` after a failure, positional identity, ``batch_{i}_<name>`` reply
   properties as that request's headers, records with ``data``/``last``/``code``/``error``;
@@ -32,11 +32,11 @@ from djl_handlers.io import wire
 __all__ = [
     "CANCEL_PROPERTY",
     "BatchFailure",
+    "FrontEndBatch",
+    "FrontEndSlot",
     "InProcessTransport",
     "Record",
     "Reply",
-    "RollingBatcher",
-    "Slot",
     "Transport",
     "WorkerRequest",
     "batch_frame",
@@ -221,8 +221,9 @@ def decode_record(blob: bytes) -> Record:
 
 
 @dataclass(eq=False)
-class Slot:
-    """One request in the rolling batch. ``owner`` is whatever the driver attaches (an HTTP sink)."""
+class FrontEndSlot:
+    """One request in the front end's rolling batch (the handler's side of a request is
+    ``scheduling.slot.RequestSlot``). ``owner`` is whatever the driver attaches (an HTTP sink)."""
 
     request: WorkerRequest
     owner: Any = None
@@ -232,21 +233,23 @@ class Slot:
     finished: bool = False
 
 
-class RollingBatcher:
-    """``RollingBatch.java``'s list and frame building, driven by the caller one step at a time."""
+class FrontEndBatch:
+    """``RollingBatch.java``'s list and frame building, driven by the caller one step at a time:
+    the front end's half of the rolling batch (the handler's half is ``scheduling.rolling.RollingBatch``;
+    ``testing.java_loop.RollingBatchDriver`` emulates this half in process for tests)."""
 
     def __init__(self, handler: str = "handle", max_size: int = 32) -> None:
         """``max_size`` is ``max_rolling_batch_size``; the caller checks :meth:`has_room`."""
         self.handler = handler
         self.max_size = max_size
-        self.slots: list[Slot] = []
+        self.slots: list[FrontEndSlot] = []
         self.reset = False
 
     def has_room(self) -> bool:
         """True when another request may join the batch."""
         return len(self.slots) < self.max_size
 
-    def add(self, slot: Slot) -> None:
+    def add(self, slot: FrontEndSlot) -> None:
         """Append a new request; it is sent with its properties, body and seed on the next step."""
         self.slots.append(slot)
 
@@ -273,7 +276,7 @@ class RollingBatcher:
         properties.setdefault("handler", self.handler)
         return properties, content
 
-    def apply(self, frame: wire.OutputFrame) -> list[tuple[Slot, Record, dict[str, str]]]:
+    def apply(self, frame: wire.OutputFrame) -> list[tuple[FrontEndSlot, Record, dict[str, str]]]:
         """Match a step's reply to the slots by position; finished slots leave the list.
 
         Returns ``(slot, record, headers)`` per slot. Raises :class:`BatchFailure` (and arms
@@ -300,7 +303,7 @@ class RollingBatcher:
             slot.finished = record.last
         return results
 
-    def clear(self) -> list[Slot]:
+    def clear(self) -> list[FrontEndSlot]:
         """Drop every slot (after a failure) and arm ``reset_rollingbatch``; returns the dropped."""
         dropped, self.slots = self.slots, []
         self.reset = True

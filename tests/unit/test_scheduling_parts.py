@@ -1,5 +1,5 @@
 """Direct, table-driven tests of the moving parts: IncrementalDetokenizer, RequestSlot,
-RollingBatch, the dynamic batcher, and the server side of the protocol (RollingBatcher,
+RollingBatch, the dynamic batcher, and the server side of the protocol (FrontEndBatch,
 split_batch, decode_record). The fake engine's byte tokenizer keeps every case exact."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from djl_handlers.scheduling.rolling import RollingBatch
 from djl_handlers.scheduling.slot import RequestSlot
 from djl_handlers.server.protocol import (
     BatchFailure,
-    RollingBatcher,
-    Slot,
+    FrontEndBatch,
+    FrontEndSlot,
     WorkerRequest,
     decode_record,
     split_batch,
@@ -166,8 +166,8 @@ def _frame(records: list[dict[str, Any]], code: int = 200, props: Optional[dict[
 
 
 def test_rolling_batcher_sends_bodies_once_and_matches_by_position() -> None:
-    batcher = RollingBatcher(max_size=2)
-    a, b = Slot(WorkerRequest({"X": "1"}, [("data", b"A")])), Slot(WorkerRequest({}, [("data", b"B")]))
+    batcher = FrontEndBatch(max_size=2)
+    a, b = FrontEndSlot(WorkerRequest({"X": "1"}, [("data", b"A")])), FrontEndSlot(WorkerRequest({}, [("data", b"B")]))
     batcher.add(a)
     props, content = batcher.build_step()
     assert props["batch_000.X"] == "1" and content[0] == ("batch_000.data", b"A") and content[1][0] == "batch_000.seed"
@@ -186,8 +186,8 @@ def test_rolling_batcher_sends_bodies_once_and_matches_by_position() -> None:
     [(wire.OutputFrame(424, "boom", {}, []), 424), (wire.OutputFrame(200, "ok", {}, []), 500)],
 )
 def test_rolling_batcher_failure_arms_reset(frame: wire.OutputFrame, code: int) -> None:
-    batcher = RollingBatcher()
-    batcher.add(Slot(WorkerRequest({}, [("data", b"A")])))
+    batcher = FrontEndBatch()
+    batcher.add(FrontEndSlot(WorkerRequest({}, [("data", b"A")])))
     batcher.build_step()
     with pytest.raises(BatchFailure) as info:
         batcher.apply(frame)
