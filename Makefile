@@ -25,7 +25,7 @@ bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks $(or $(BENCH),all)
 
 serve-djl: setup
-	.venv/bin/python -m djl_handlers.djl_server $(or $(MODEL_DIR),serving.properties.examples/hf-rolling-batch)
+	.venv/bin/python tests/djl_serving/djl_server.py $(or $(MODEL_DIR),serving.properties.examples/hf-rolling-batch)
 
 robustness:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.robustness

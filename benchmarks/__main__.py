@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1.0, help="engine: Poisson arrivals per second")
     parser.add_argument("--issue8", action="store_true", help="engine: prompts 16-512, 8-256 new tokens")
     parser.add_argument("--skip-sequential", action="store_true", help="engine: no sequential generate()")
-    parser.add_argument("--no-djl", action="store_true", help="server: skip DJL's Python engine")
+    parser.add_argument("--no-djl", action="store_true", help="server: skip DJL Serving's ModelServer")
     parser.add_argument("--server-model", choices=["fake", "embedded", "both"], default="both")
     parser.add_argument("--baseline", help="server: also run djl-handlers serve from this git revision")
     parser.add_argument("--repeat", type=int, help="server: runs per front and client count (alternated)")

@@ -52,14 +52,14 @@ def _wrap(owner: Any, name: str, sink: Sink, key: str) -> Callable[[], None]:
 def wire_us(inputs: Any, output: Any, repeat: int = 200) -> float:
     """µs for the worker's frame work of one step: decode the request frame, encode the reply."""
     from djl_handlers.io import wire
-    from djl_handlers.worker.engine import _make_input
+    from djl_handlers.io.compat import input_from_frame
 
     content = [(inputs.content.key_at(i), bytes(inputs.content.value_at(i))) for i in range(inputs.content.size())]
     frame = wire.encode_input_frame(inputs.get_properties(), content)
     t = time.perf_counter()
     for _ in range(repeat):
         props, entries = wire.read_input_frame(io.BytesIO(frame))
-        _make_input(props, entries)
+        input_from_frame(props, entries)
         output.send(io.BytesIO())
     return (time.perf_counter() - t) / repeat * 1e6
 

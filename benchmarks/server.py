@@ -1,7 +1,7 @@
 """Server: requests/s and latency of concurrent streaming clients through ``djl-handlers serve`` and
-through DJL's real Python engine (``djl_handlers.djl_server.DjlServer``; its HTTP front is the
-test-only stand-in ``PyEngineFront.java``), against ``handle()`` called in process with the same
-number of requests kept in flight.
+through DJL Serving 0.34's real ``ai.djl.serving.ModelServer`` (``DjlServer`` from
+``tests/djl_serving/djl_server.py``; jars from ``tests/djl_serving/fetch.sh``), against ``handle()``
+called in process with the same number of requests kept in flight.
 
 Two model directories: the fake engine (``tests/robustness/models/fake_lmi``, no step delay: the
 front end is all there is) and the embedded SmolLM2 fp32 with a short prompt and few new tokens.
@@ -33,7 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT, pct, rnd
-from djl_handlers.djl_server import free_port
+
+DJL_SERVING = ROOT / "tests" / "djl_serving"
+if str(DJL_SERVING) not in sys.path:  # djl_server.py is a test/developer tool, not part of the package
+    sys.path.insert(0, str(DJL_SERVING))
+from djl_server import free_port  # noqa: E402
 
 FAKE_DIR = ROOT / "tests" / "robustness" / "models" / "fake_lmi"
 PROMPT = "Deep learning is a branch of machine learning that trains neural networks with"
@@ -206,9 +210,11 @@ def model_dirs(tmp: Path, which: str) -> dict[str, tuple[Path, int]]:
 
         emb = tmp / "smollm2"
         emb.mkdir()
+        # scheduler, not auto: DJL's LmiConfigRecommender turns auto into disable (dynamic batch) for a
+        # local HF folder, which would compare rolling batch with dynamic batch.
         (emb / "serving.properties").write_text(
             "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
-            f"option.model_id={embedded_model_dir()}\noption.rolling_batch=auto\n"
+            f"option.model_id={embedded_model_dir()}\noption.rolling_batch=scheduler\n"
             "option.max_rolling_batch_size=64\noption.dtype=fp32\noption.predict_timeout=120\n"
             "job_queue_size=1000\nminWorkers=1\nmaxWorkers=1\nload_on_devices=cpu\n")
         dirs["SmolLM2-135M fp32, 8 new tokens"] = (emb, 8)
@@ -264,8 +270,8 @@ def ours_at(rev: str, model_dir: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def djl(model_dir: Path) -> Iterator[str]:
-    """DJL's Python engine behind the test stand-in front end; yields its base URL."""
-    from djl_handlers.djl_server import DjlServer
+    """DJL Serving's real ModelServer (JVM + DJL's Python worker); yields its base URL."""
+    from djl_server import DjlServer
 
     with DjlServer(model_dir) as server:
         yield server.url
@@ -299,7 +305,7 @@ def run_benchmark(quick: bool, djl: bool = True, model: str = "both", baseline: 
     repeat = repeat or (1 if quick else 2)
     fronts: dict[str, Any] = {"djl-handlers serve": ours}
     if djl:
-        fronts["DJL Python engine (stand-in HTTP)"] = globals()["djl"]
+        fronts["DJL Serving ModelServer"] = globals()["djl"]
     if baseline:
         fronts[f"djl-handlers serve @{baseline}"] = lambda model_dir: ours_at(baseline, model_dir)
     report: dict[str, Any] = {"duration_s": duration, "repeat": repeat, "client": client,

@@ -1,12 +1,14 @@
-"""One exception tree for the whole project and one table from exception to HTTP status.
+"""One exception tree for the whole project; each class carries its HTTP status.
 
 Every error a user can cause is a ``DjlHandlersError`` subclass carrying an HTTP status code
-and a message that names the offending field or key. ``error_body`` renders the JSON body the
-server and the handlers return for it.
+and a message that names the offending field or key. ``error_body`` renders DJL's ``Output.error``
+body for it and ``record_error_body`` DJL's rendering of a failed rolling-batch record; errors in
+an API dialect (TGI, OpenAI, ...) are rendered by that dialect's formatter.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -35,17 +37,18 @@ class InvalidParameter(InvalidRequest):
     kind = "invalid_parameter"
 
 
+class UnprocessableParameter(InvalidParameter):
+    """A parameter value an API dialect refuses although the LMI schema accepts it (TGI's router
+    answers 422 with ``error_type`` ``validation``, e.g. ``temperature: 0``)."""
+
+    status = 422
+    kind = "validation"
+
+
 class PromptTooLong(InvalidRequest):
     """The prompt (plus max_new_tokens) does not fit the model's context."""
 
     kind = "prompt_too_long"
-
-
-class PayloadTooLarge(InvalidRequest):
-    """The request body exceeds the server's limit."""
-
-    status = 413
-    kind = "payload_too_large"
 
 
 class UnsupportedMediaType(InvalidRequest):
@@ -82,43 +85,13 @@ class EngineOutOfMemory(EngineError):
     kind = "out_of_memory"
 
 
-class ServerBusy(DjlHandlersError):
-    """The job queue is full (DJL's 503)."""
-
-    status = 503
-    kind = "server_busy"
-
-
-class RequestCancelled(DjlHandlersError):
-    """The client went away or the server is shutting down."""
-
-    status = 499
-    kind = "cancelled"
-
-
-# exception class -> (status, kind); the first matching entry in MRO order wins.
-STATUS_TABLE: dict[type[BaseException], int] = {
-    PayloadTooLarge: 413,
-    UnsupportedMediaType: 415,
-    InvalidRequest: 400,
-    ConfigError: 500,
-    EngineOutOfMemory: 507,
-    MemoryError: 507,
-    EngineError: 424,
-    ServerBusy: 503,
-    RequestCancelled: 499,
-}
-
-
 def status_of(exc: BaseException) -> int:
-    """HTTP status for any exception: our own tree first, DJL's OOM rule, else 424 as DJL does."""
+    """HTTP status for any exception: our own tree's ``status``, DJL's 507 for out-of-memory
+    (``MemoryError``, torch's ``OutOfMemoryError``), else DJL's 424."""
     if isinstance(exc, DjlHandlersError):
         return exc.status
-    if type(exc).__name__ in ("OutOfMemoryError", "MemoryError"):
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
         return 507
-    for cls in type(exc).__mro__:
-        if cls in STATUS_TABLE:
-            return STATUS_TABLE[cls]
     return 424
 
 
@@ -136,13 +109,29 @@ def message_of(exc: BaseException) -> str:
 def error_body(exc: BaseException) -> dict[str, Any]:
     """The JSON body for an error: ``{"code", "message", "error"}`` as DJL's ``Output.error``,
     plus ``type`` (and ``field`` when known) so clients can react without parsing text."""
-    code = status_of(exc)
+    field = safe_text(exc.field) if isinstance(exc, DjlHandlersError) and exc.field else None
+    kind = exc.kind if isinstance(exc, DjlHandlersError) else "engine_error"
+    return output_error_body(status_of(exc), message_of(exc), kind, field)
+
+
+def output_error_body(code: int, error: str, kind: str = "engine_error", field: str | None = None) -> dict[str, Any]:
+    """DJL's ``Output.error`` body ``{"code", "message", "error", "type"[, "field"]}`` for ``code``."""
     body: dict[str, Any] = {
         "code": code,
         "message": "invalid request" if 400 <= code < 500 and code != 424 else "prediction failure",
-        "error": message_of(exc),
-        "type": exc.kind if isinstance(exc, DjlHandlersError) else "engine_error",
+        "error": error,
+        "type": kind,
     }
-    if isinstance(exc, DjlHandlersError) and exc.field:
-        body["field"] = safe_text(exc.field)
+    if field:
+        body["field"] = field
     return body
+
+
+def record_error_body(code: int | None, error: str | None) -> str:
+    """DJL's front-end rendering of a rolling-batch record carrying ``code``: compact
+    ``{"error":..,"code":..}``, ``error`` first (observed with DJL 0.34)."""
+    body: dict[str, Any] = {}
+    if error is not None:
+        body["error"] = error
+    body["code"] = code
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

@@ -9,27 +9,33 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 from collections.abc import Callable, Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
+from djl_handlers.engines.base import Engine
 from djl_handlers.errors import DjlHandlersError, error_body
 from djl_handlers.extensions import (
+    API_PROPERTY,
     CANCEL_PROPERTY,
     ENGINE_STATS_EVERY_STEPS,
     ENGINE_STATS_PROPERTY,
     REQUEST_ID_PROPERTY,
 )
+from djl_handlers.formatting.registry import error_formatter
 from djl_handlers.io.compat import new_output
 from djl_handlers.request.parser import ParserSettings, parse_request
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.dynamic import FormattedBody, run_dynamic_batch, stream_dynamic_request
 from djl_handlers.scheduling.rolling import RollingBatch
 
+if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
+    from djl_handlers.formatting.base import Formatter
+
 LOG = logging.getLogger(__name__)
 
-EngineFactory = Callable[[Any], Any]
+EngineFactory = Callable[["ServingConfig"], Engine]
 
 
 class InferenceService:
@@ -39,8 +45,8 @@ class InferenceService:
         self.engine_name = engine_name
         self._engine_factory = engine_factory
         self.initialized = False
-        self.config: Any = None
-        self.engine: Any = None
+        self.config: Optional[ServingConfig] = None
+        self.engine: Optional[Engine] = None
         self.rolling: Optional[RollingBatch] = None
         self.settings = ParserSettings(engine=engine_name)
         self.hooks = CustomHooks()
@@ -63,12 +69,12 @@ class InferenceService:
             init_options(props)  # the name must be one we ship, and its wheel installed
             props["model_id"] = str(embedded_model_dir())
         config = ServingConfig.from_properties(props, engine=self.engine_name)
-        factory = self._engine_factory or _registry_factory(config, self.engine_name)
+        factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
             from djl_handlers.formatting.registry import resolve_name
 
             resolve_name(config.output_formatter, stream=False, config=True)  # a typo fails init, not requests
-        self.engine = factory(config)
+        engine = self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
         rolling = config.is_rolling
         self.settings = ParserSettings(
@@ -80,17 +86,17 @@ class InferenceService:
             max_new_tokens_limit=config.max_new_tokens_limit,
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
-            chat_template=_chat_template(self.engine),
+            chat_template=_chat_template(engine),
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
-            self.rolling = RollingBatch(self.engine, self._formatter_for, int(config.max_rolling_batch_size))
+            self.rolling = RollingBatch(engine, self._formatter_for)
         self.config = config
         self.initialized = True
         LOG.info(
             "djl_handlers %s engine ready (%s, rolling_batch=%s)",
             self.engine_name,
-            getattr(self.engine, "name", type(self.engine).__name__),
+            getattr(engine, "name", type(engine).__name__),  # test engines may have no name
             config.resolved_rolling_batch(),
         )
 
@@ -105,7 +111,7 @@ class InferenceService:
         return self._dynamic_batch(inputs)
 
     # -- rolling batch -----------------------------------------------------------------------
-    def _formatter_for(self, request: Request) -> Any:
+    def _formatter_for(self, request: Request) -> Formatter:
         from djl_handlers.formatting import get_formatter
 
         return get_formatter(request.output_formatter, stream=request.stream, tgi_compat=self.settings.tgi_compat)
@@ -128,7 +134,7 @@ class InferenceService:
                 batch.add_request(self._parse(item))
             except DjlHandlersError as exc:
                 LOG.info("RequestId=[%s] rejected: %s", item.get_property(REQUEST_ID_PROPERTY) or "-", exc)
-                batch.add_error(exc)
+                batch.add_error(exc, formatter=error_formatter(item.get_property(API_PROPERTY)))
         out = new_output(inputs)
         for index, (record, content_type) in enumerate(batch.step()):
             out.add(type(out).binary_encode(record), key="data", batch_index=index)
@@ -153,13 +159,12 @@ class InferenceService:
         out.add_property(ENGINE_STATS_PROPERTY, json.dumps(stats, separators=(",", ":")))
 
     def _parse(self, item: Any) -> Request:
-        request = parse_request(item, self.settings)
-        if request.params.do_sample and request.params.seed is None:
-            request = _with_seed(request, random.randrange(1 << 31))
-        return request
+        return parse_request(item, self.settings)
 
     # -- dynamic batch -----------------------------------------------------------------------
     def _dynamic_batch(self, inputs: Any) -> Any:
+        engine = self.engine
+        assert engine is not None  # initialize() ran
         items = inputs.get_batches()
         parsed: list[Any] = []
         for item in items:
@@ -170,9 +175,9 @@ class InferenceService:
         out = new_output(inputs)
         if self.streaming and len(items) == 1 and isinstance(parsed[0], Request) and not self._is_dialect(parsed[0]):
             out.add_property("Content-Type", "application/jsonlines")
-            out.add_stream_content(stream_dynamic_request(self.engine, parsed[0]))
+            out.add_stream_content(stream_dynamic_request(engine, parsed[0]))
             return out
-        results = run_dynamic_batch(self.engine, [p for p in parsed if isinstance(p, Request)],
+        results = run_dynamic_batch(engine, [p for p in parsed if isinstance(p, Request)],
                                     self._dialect_formatter)
         texts = iter(results)
         content_type = "application/json"
@@ -215,10 +220,10 @@ class InferenceService:
         return self._formatter_for(request)
 
 
-def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str]]:
+def _chat_template(engine: Engine) -> Optional[Callable[[list[dict[str, Any]]], str]]:
     """The tokenizer's chat template as a function, or None when the model has none."""
-    tokenizer = getattr(engine, "tokenizer", None)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    tokenizer: Any = engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):  # not part of the Tokenizer protocol
         return None
 
     def render(messages: list[dict[str, Any]]) -> str:
@@ -227,16 +232,10 @@ def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str
     return render
 
 
-def _with_seed(request: Request, seed: int) -> Request:
-    from dataclasses import replace
-
-    return replace(request, params=replace(request.params, seed=seed), seed=seed)
-
-
-def _registry_factory(config: Any, engine_name: str) -> EngineFactory:
+def _registry_factory(config: ServingConfig) -> EngineFactory:
     from djl_handlers.engines.registry import load_engine_class
 
-    return load_engine_class(config.serving_engine).from_config  # type: ignore[no-any-return]
+    return load_engine_class(config.serving_engine).from_config
 
 
 class LazyService:

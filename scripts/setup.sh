@@ -18,7 +18,7 @@ echo "setup: installing djl_handlers[hf,deepspeed,server,test,bench] (torch is l
 echo "setup: preparing the embedded SmolLM2-135M-Instruct model"
 HF_HUB_OFFLINE=1 .venv/bin/python -m djl_handlers.model.embedded
 if [ "${SKIP_DJL_JARS:-0}" != "1" ] && [ -f tests/djl_serving/fetch.sh ]; then
-  echo "setup: fetching DJL Serving jars from Maven Central (compatibility suite)"
+  echo "setup: DJL Serving ModelServer for the compatibility suite (Maven Central, else built from source)"
   bash tests/djl_serving/fetch.sh
 fi
 echo "setup: done"

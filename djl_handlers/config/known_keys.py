@@ -78,25 +78,26 @@ _ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm",
 
 
 class _Recorder(dict[str, Any]):
-    """A mapping (``preset`` only) that remembers every key looked up with ``get``."""
+    """An empty mapping that remembers every key looked up with ``get``."""
 
-    def __init__(self, preset: Mapping[str, str] | None = None) -> None:
-        super().__init__(preset or {})
+    def __init__(self) -> None:
+        super().__init__()
         self.seen: set[str] = set()
 
     def get(self, key: Any, default: Any = None) -> Any:
         self.seen.add(str(key))
-        return super().get(key, default)
+        if key == "rolling_batch":  # an unset value is refused by rolling-only engines (vllm)
+            return "auto"
+        return default
 
 
 @cache
 def engine_option_keys(engine: str) -> frozenset[str]:
     """The option keys (prefix stripped) ``ServingConfig.from_properties`` reads for ``engine``,
     plus the HF engine's raw options where they apply."""
-    from djl_handlers.config.models import ROLLING_BY_ENGINE, ServingConfig
+    from djl_handlers.config.models import ServingConfig
 
-    # an engine that needs rolling batch (vllm) refuses the unset value: give it one it accepts
-    options, server = _Recorder({"rolling_batch": ROLLING_BY_ENGINE[engine][0]}), _Recorder()
+    options, server = _Recorder(), _Recorder()
     ServingConfig.from_properties(options, server, engine)
     extras = {key for key, engines in _ENGINE_ONLY_EXTRAS.items() if engine in engines}
     return frozenset(options.seen | extras)

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from djl_handlers.config.engines import DTYPE_NAMES, ENGINES, canonical_engine
 from djl_handlers.errors import ConfigError
 
-ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
 ROLLING_BATCH: tuple[str, ...] = ("auto", "scheduler", "disable", "lmi-dist", "vllm", "trtllm", "deepspeed")
-DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "auto")
+DTYPES: tuple[str, ...] = tuple(DTYPE_NAMES)
 STREAMING: tuple[str, ...] = ("false", "true", "huggingface")
 
 # Which option.rolling_batch values each handler engine accepts (DJL's HF handler hands
@@ -237,8 +237,8 @@ def _device(r: _Reader) -> tuple[str, int | None]:
 
 
 def _check_engine(engine: str) -> str:
-    name = {"trtllm": "tensorrt_llm", "lmi_dist": "lmi-dist", "hf": "huggingface"}.get(engine, engine)
-    if name not in ENGINES:
+    name = canonical_engine(engine)
+    if name is None:
         raise ConfigError(f"engine={engine!r} is invalid; allowed: {', '.join(ENGINES)}",
                           field="engine")
     return name

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
+
+from djl_handlers.errors import PromptTooLong
 
 if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
     from djl_handlers.params.generation import GenerationParameters
 
 
@@ -49,6 +52,19 @@ class StepOutput:
     top_tokens: Optional[Sequence[tuple[int, float]]] = None
 
 
+def check_prompt_length(n: int, max_model_len: int) -> None:
+    """The one prompt-length rule: ``PromptTooLong`` (field ``inputs``) unless the prompt has at
+    least one token and leaves room for one generated token in ``max_model_len``."""
+    if n == 0:
+        raise PromptTooLong("inputs is empty after tokenization", field="inputs")
+    if n >= max_model_len:
+        raise PromptTooLong(
+            f"inputs has {n} tokens but the model allows at most {max_model_len - 1} "
+            f"(max_model_len {max_model_len}); shorten the prompt or set parameters.truncate",
+            field="inputs",
+        )
+
+
 class Tokenizer(Protocol):
     """The part of a Hugging Face tokenizer the pipeline uses."""
 
@@ -80,3 +96,17 @@ class Engine(Protocol):
     def release(self, request_id: int) -> None: ...
 
     def has_unfinished(self) -> bool: ...
+
+
+@runtime_checkable
+class StaticEngine(Protocol):
+    """An engine with a dynamic-batch path: whole generations for a batch at once (``generate()``),
+    one list of per-token outputs per request, in order."""
+
+    def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]: ...
+
+
+class EngineClass(Protocol):
+    """What the registry returns for an engine name: a class built from the model's config."""
+
+    def from_config(self, config: ServingConfig) -> Engine: ...

@@ -31,13 +31,13 @@ import logging
 import os
 from typing import Any
 
+from djl_handlers.config.engines import DTYPE_NAMES
+from djl_handlers.engines.adapters import import_engine_library, tensor_parallel_size
 from djl_handlers.engines.hf_engine import HFEngine
-from djl_handlers.engines.vllm_engine import import_engine_library, tensor_parallel_size
 from djl_handlers.errors import ConfigError
 
 LOG = logging.getLogger(__name__)
 
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 SHM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU shared-memory all-reduce (ShareMemCommBuilder.NAME)
 
 
@@ -45,8 +45,8 @@ def _torch_dtype(dtype: str, model: Any) -> Any:
     """``torch.dtype`` for the config's dtype; ``auto`` keeps the model's own."""
     import torch
 
-    name = TORCH_DTYPES.get(dtype)
-    if name is None:
+    name = DTYPE_NAMES.get(dtype)
+    if name in (None, "auto"):
         return next(model.parameters()).dtype
     return getattr(torch, name)
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.params.translate import is_sampling
 
 REPLY = "The quick brown fox jumps over the lazy dog. "
 EOS_ID = 256
@@ -84,7 +85,7 @@ class FakeEngine:
         marks = {k: int(v) for k, v in _MARK.findall(request.prompt)}
         reply = self._reply
         params = request.params
-        if params.do_sample:
+        if is_sampling(params):
             shift = random.Random(params.seed).randrange(len(reply))
             reply = reply[shift:] + reply[:shift]
         self._rows[request.request_id] = _Row(request, reply, marks.get("eos"), marks.get("fail"))

@@ -14,9 +14,9 @@ left padding nobody needs any more, and merges newly prefilled rows (zero-padded
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
@@ -44,14 +44,19 @@ class SlabLayer(DynamicLayer):
             self.is_initialized = True
             self.device = key_states.device
             self.adopt(key_states, value_states)
-            return self.keys, self.values
+            return self.views()
         need = self._len + key_states.shape[-2]
         if need > self._k.shape[-2] or key_states.shape[0] != self._k.shape[0]:
-            self.adopt(self.keys, self.values, extra=need - self._len)
+            self.adopt(*self.views(), extra=need - self._len)
         assert self._k is not None and self._v is not None
         self._k[:, :, self._len : need] = key_states
         self._v[:, :, self._len : need] = value_states
         self._set_len(need)
+        return self.views()
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current ``(keys, values)`` views (only valid once the layer holds data)."""
+        assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, extra: int = 0) -> None:
@@ -89,12 +94,14 @@ class SlabLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only ``indices`` rows (a new, compact slab)."""
         if self._k is not None:
-            self.adopt(self.keys[indices], self.values[indices])
+            keys, values = self.views()
+            self.adopt(keys[indices], values[indices])
 
     def crop_left(self, n: int) -> None:
         """Drop the first ``n`` columns (common left padding)."""
         if self._k is not None and n > 0:
-            self.adopt(self.keys[:, :, n:], self.values[:, :, n:])
+            keys, values = self.views()
+            self.adopt(keys[:, :, n:], values[:, :, n:])
 
     def reset(self) -> None:
         """Forget everything."""
@@ -126,6 +133,11 @@ class KVBatch:
     rows: list[Any] = field(default_factory=list)
 
     @property
+    def layers(self) -> list[SlabLayer]:
+        """The cache's layers (always :class:`SlabLayer`: see ``new_slab_cache``)."""
+        return cast("list[SlabLayer]", self.cache.layers)
+
+    @property
     def width(self) -> int:
         """The padded length ``T``."""
         return int(self.mask.shape[1])
@@ -135,14 +147,14 @@ class KVBatch:
         if len(keep) == len(self.rows):
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        for layer in self.cache.layers:
+        for layer in self.layers:
             layer.batch_select_indices(idx)
         self.mask, self.pos, self.pending = self.mask[idx], self.pos[idx], self.pending[idx]
         self.rows = [self.rows[i] for i in keep]
         used = self.mask.any(dim=0)
         lead = int(used.int().argmax()) if bool(used.any()) else 0
         if lead > 0:
-            for layer in self.cache.layers:
+            for layer in self.layers:
                 layer.crop_left(lead)
             self.mask = self.mask[:, lead:]
 
@@ -169,8 +181,8 @@ class KVBatch:
     def merge(self, other: KVBatch) -> None:
         """Append ``other``'s rows, left-padding the shorter side with zeros (masked out)."""
         width = max(self.width, other.width)
-        for a, b in zip(self.cache.layers, other.cache.layers, strict=True):
-            a.adopt_parts([(a.keys, a.values), (b.keys, b.values)], width)
+        for a, b in zip(self.layers, other.layers, strict=True):
+            a.adopt_parts([a.views(), b.views()], width)
         self.mask = torch.cat([pad_left(self.mask, width, 1), pad_left(other.mask, width, 1)], dim=0)
         self.pos = torch.cat([self.pos, other.pos])
         self.pending = torch.cat([self.pending, other.pending])
@@ -199,26 +211,13 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
     return ids, mask
 
 
-def generate_key(params: Any) -> tuple[tuple[str, Any], ...]:
-    """``generate()`` keyword arguments for a request's settings: hashable, so requests with equal
-    keys share one ``generate()`` call. ``max_new_tokens`` is not part of it (outputs are cut)."""
-    kwargs: dict[str, Any] = {"do_sample": False}
-    penalty = float(getattr(params, "repetition_penalty", 1.0) or 1.0)
-    if penalty != 1.0:
-        kwargs["repetition_penalty"] = penalty
-    min_new = int(getattr(params, "min_new_tokens", 0) or 0)
-    if min_new:
-        kwargs["min_new_tokens"] = min_new
-    temperature = float(getattr(params, "temperature", 1.0) or 1.0)
-    if getattr(params, "do_sample", False) and temperature > 0:
-        kwargs.update(
-            do_sample=True,
-            temperature=temperature,
-            top_k=max(0, int(getattr(params, "top_k", 0) or 0)),  # -1 (vLLM's "off") = 0
-            top_p=float(getattr(params, "top_p", 1.0) or 1.0),
-            typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
-            seed=getattr(params, "seed", None),
-        )
+def generate_key(settings: Mapping[str, Any], seed: int | None) -> tuple[tuple[str, Any], ...]:
+    """``generate()`` keyword arguments from a request's ``to_hf``/``to_deepspeed`` ``settings``
+    (plus ``seed`` when sampling): hashable, so requests with equal keys share one ``generate()``
+    call. ``max_new_tokens`` is not part of it (outputs are cut to each request's own limit)."""
+    kwargs = {k: v for k, v in settings.items() if k != "max_new_tokens"}
+    if kwargs["do_sample"]:
+        kwargs["seed"] = seed
     return tuple(sorted(kwargs.items()))
 
 

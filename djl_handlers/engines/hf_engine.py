@@ -32,11 +32,11 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
 from djl_handlers.engines.hf_batch import (
     KVBatch,
     left_pad,
@@ -46,7 +46,11 @@ from djl_handlers.engines.hf_batch import (
 from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
 from djl_handlers.engines.hf_static import generate_static as static_generate
 from djl_handlers.engines.sampling import RowSampling, sample_batch
-from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
+from djl_handlers.errors import ConfigError, EngineOutOfMemory
+from djl_handlers.params.translate import translate
+
+if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
 
 LOG = logging.getLogger(__name__)
 
@@ -109,27 +113,25 @@ class HFEngine:
         self._ids: set[int] = set()
 
     @classmethod
-    def from_config(cls, config: Any) -> HFEngine:
+    def from_config(cls, config: ServingConfig) -> HFEngine:
         """Build from a ``ServingConfig`` (registry entry point).
 
         Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
         options, ``max_prefill_tokens`` and ``torch_threads``.
         """
-        raw = getattr(config, "raw", None) or {}
-        device = str(getattr(config, "device", "cpu") or "cpu")
-        device_id = getattr(config, "device_id", None)
-        if device.startswith("cuda") and ":" not in device and device_id is not None:
-            device = f"{device}:{device_id}"
-        hf = getattr(config, "hf", None)
+        raw = config.raw
+        device = config.device
+        if device.startswith("cuda") and ":" not in device and config.device_id is not None:
+            device = f"{device}:{config.device_id}"
         return cls.load(
             config,
             device=device,
-            attn_implementation=getattr(hf, "attn_implementation", None),
+            attn_implementation=config.hf.attn_implementation,
             torch_threads=raw.get("torch_threads"),
-            max_batch_size=getattr(config, "max_rolling_batch_size", None),
+            max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
-            max_model_len=getattr(config, "max_model_len", None),
+            max_model_len=config.max_model_len,
         )
 
     @classmethod
@@ -145,22 +147,14 @@ class HFEngine:
     # ------------------------------------------------------------------ protocol
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; it is prefilled at a coming ``step``."""
-        n = len(request.prompt_ids)
-        if n == 0:
-            raise InvalidRequest("the prompt is empty (no tokens)", field="inputs")
-        if n >= self.max_model_len:
-            raise PromptTooLong(
-                f"the prompt has {n} tokens; the model's context holds {self.max_model_len} tokens "
-                "including at least one generated token",
-                field="inputs",
-            )
+        check_prompt_length(len(request.prompt_ids), self.max_model_len)
         if request.request_id in self._ids:
             raise ValueError(f"request id {request.request_id} is already in the engine")
-        sampling = RowSampling.from_params(request.params, request.prompt_ids, self._vocab, self.eos_token_ids)
+        params = request.params
+        settings = translate(params, self.name)  # to_hf / to_deepspeed: the one greedy rule
+        sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
         self._ids.add(request.request_id)
-        row = _Row(request, sampling)
-        row.prompt_lp = bool(getattr(request.params, "decoder_input_details", False))
-        row.top_n = int(getattr(request.params, "top_n_tokens", 0) or 0)
+        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens)
         self._queue.append(row)
 
     def step(self) -> list[StepOutput]:

@@ -15,17 +15,11 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.errors import ConfigError
 
-DTYPES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-    "auto": "auto",
-}
+# option.dtype values and torch's own names for them
+DTYPES = {**DTYPE_NAMES, **{name: name for name in DTYPE_NAMES.values()}}
 
 
 @dataclass(frozen=True)
@@ -156,7 +150,7 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
     extra = {"attn_implementation": opts.attn_implementation} if opts.attn_implementation else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **common)
-        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {model_id!r}: {exc}", field="option.model_id") from exc
     model.to(resolve_device(opts.device))

@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
-from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
 from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
+from djl_handlers.errors import PromptTooLong
+from djl_handlers.params.translate import translate
 
 
 def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
@@ -27,23 +29,29 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
     """
     results: list[list[StepOutput]] = [[] for _ in requests]
     groups: dict[tuple[Any, ...], list[int]] = {}
+    limits: dict[int, int] = {}
     for i, req in enumerate(requests):
-        if len(req.prompt_ids) == 0 or len(req.prompt_ids) >= engine.max_model_len:
-            msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {engine.max_model_len}"
-            results[i] = [StepOutput(req.request_id, error=msg)]
+        try:
+            check_prompt_length(len(req.prompt_ids), engine.max_model_len)
+        except PromptTooLong as exc:
+            results[i] = [StepOutput(req.request_id, error=exc.message)]
             continue
-        groups.setdefault(generate_key(req.params), []).append(i)
+        settings = translate(req.params, engine.name)  # to_hf / to_deepspeed: the one greedy rule
+        limits[i] = int(settings["max_new_tokens"])
+        groups.setdefault(generate_key(settings, req.params.seed), []).append(i)
     with torch.inference_mode():
         for key, members in groups.items():
             batch = [requests[i] for i in members]
-            for i, outs in zip(members, _generate_group(engine, batch, dict(key)), strict=True):
+            outputs = _generate_group(engine, batch, [limits[i] for i in members], dict(key))
+            for i, outs in zip(members, outputs, strict=True):
                 results[i] = outs
     return results
 
 
-def _generate_group(engine: Any, batch: list[EngineRequest], kwargs: dict[str, Any]) -> list[list[StepOutput]]:
+def _generate_group(
+    engine: Any, batch: list[EngineRequest], limits: list[int], kwargs: dict[str, Any]
+) -> list[list[StepOutput]]:
     width = max(len(r.prompt_ids) for r in batch)
-    limits = [max(1, int(getattr(r.params, "max_new_tokens", 30) or 1)) for r in batch]
     pad = _pad_id(engine.tokenizer, engine.eos_token_ids)
     ids, mask = left_pad([r.prompt_ids for r in batch], pad)
     seed = kwargs.pop("seed", None)

@@ -16,10 +16,14 @@ import importlib.util
 import logging
 from collections.abc import Mapping
 
+from djl_handlers.config.engines import canonical_engine
+from djl_handlers.engines.base import EngineClass
 from djl_handlers.errors import ConfigError, EngineNotInstalled
 
 LOG = logging.getLogger(__name__)
 
+# One class per engine of ``djl_handlers.config.engines.ENGINES`` (aliases resolved there), plus
+# the deterministic fake engine.
 ENGINES: Mapping[str, str] = {
     "huggingface": "djl_handlers.engines.hf_engine:HFEngine",
     "deepspeed": "djl_handlers.engines.deepspeed_engine:DeepSpeedEngine",
@@ -29,15 +33,6 @@ ENGINES: Mapping[str, str] = {
     "tensorrt_llm": "djl_handlers.engines.trtllm_engine:TrtLlmEngine",
     "fake": "djl_handlers.engines.fake_engine:FakeEngine",
 }
-
-ALIASES: Mapping[str, str] = {
-    "hf": "huggingface",
-    "scheduler": "huggingface",
-    "lmi_dist": "lmi-dist",
-    "trtllm": "tensorrt_llm",
-    "tensorrt-llm": "tensorrt_llm",
-}
-
 # Top-level modules each engine needs, the first being the one named in messages.
 REQUIRED_MODULES: Mapping[str, tuple[str, ...]] = {
     "huggingface": ("torch", "transformers"),
@@ -60,8 +55,8 @@ PIP_EXTRAS: Mapping[str, str] = {
 
 def canonical_name(name: str) -> str:
     """The registry key for ``name`` (aliases such as ``trtllm`` resolved); ``ConfigError`` if unknown."""
-    key = ALIASES.get(name, name)
-    if key not in ENGINES:
+    key = canonical_engine(name, frozenset(ENGINES))
+    if key is None:
         raise ConfigError(f"engine {name!r} is unknown; known engines: {', '.join(sorted(ENGINES))}", field="engine")
     return key
 
@@ -101,7 +96,7 @@ def translate_import_error(name: str, exc: ImportError) -> EngineNotInstalled | 
     return None
 
 
-def load_engine_class(name: str) -> type:
+def load_engine_class(name: str) -> EngineClass:
     """Import and return the engine class registered under ``name`` (aliases accepted).
 
     Raises ``ConfigError`` for an unknown name and ``EngineNotInstalled`` (no chained traceback)
@@ -119,6 +114,6 @@ def load_engine_class(name: str) -> type:
         if err is None:
             raise
         raise err from None
-    cls = getattr(module, attr)
+    cls: EngineClass = getattr(module, attr)
     LOG.debug("engine %r resolved to %s", name, ENGINES[key])
-    return cls  # type: ignore[no-any-return]
+    return cls

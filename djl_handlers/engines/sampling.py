@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from djl_handlers.params.translate import to_hf
+
+if TYPE_CHECKING:
+    from djl_handlers.params.generation import GenerationParameters
 
 _NEG_INF = float("-inf")
 
@@ -49,28 +54,42 @@ class RowSampling:
     @classmethod
     def from_params(
         cls,
-        params: Any,
+        params: GenerationParameters,
         prompt_ids: Sequence[int],
         vocab_size: int,
-        eos_token_ids: Sequence[int] = (),
+        eos_token_ids: Collection[int] = (),
     ) -> RowSampling:
-        """Build a row's sampler from a ``GenerationParameters``-like object (missing fields: defaults)."""
-        temperature = float(getattr(params, "temperature", 1.0) or 1.0)
-        do_sample = bool(getattr(params, "do_sample", False)) and temperature > 0
+        """Build a row's sampler from a request's parameters, through ``to_hf`` (the one rule)."""
+        return cls.from_settings(to_hf(params), params.seed, prompt_ids, vocab_size, eos_token_ids)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Mapping[str, Any],
+        seed: int | None,
+        prompt_ids: Sequence[int],
+        vocab_size: int,
+        eos_token_ids: Collection[int] = (),
+    ) -> RowSampling:
+        """Build a row's sampler from ``to_hf``/``to_deepspeed`` keyword arguments.
+
+        Greedy requests carry no sampling knobs (``to_hf`` omits them), so their defaults apply;
+        ``seed`` seeds the row's generator when sampling (None: a random seed).
+        """
+        do_sample = bool(settings["do_sample"])
         row = cls(
             do_sample=do_sample,
-            temperature=temperature,
-            top_k=int(getattr(params, "top_k", 0) or 0),
-            top_p=float(getattr(params, "top_p", 1.0) or 1.0),
-            typical_p=float(getattr(params, "typical_p", 1.0) or 1.0),
-            repetition_penalty=float(getattr(params, "repetition_penalty", 1.0) or 1.0),
-            min_new_tokens=int(getattr(params, "min_new_tokens", 0) or 0),
+            temperature=float(settings.get("temperature", 1.0)),
+            top_k=int(settings.get("top_k", 0)),
+            top_p=float(settings.get("top_p", 1.0)),
+            typical_p=float(settings.get("typical_p", 1.0)),
+            repetition_penalty=float(settings.get("repetition_penalty", 1.0)),
+            min_new_tokens=int(settings.get("min_new_tokens", 0)),
             eos_token_ids=tuple(eos_token_ids),
         )
         if row.top_k >= vocab_size:
             row.top_k = 0
         if do_sample:
-            seed = getattr(params, "seed", None)
             row.generator = torch.Generator(device="cpu")
             row.generator.manual_seed(int(seed) if seed is not None else secrets.randbits(63))
         if row.repetition_penalty != 1.0:

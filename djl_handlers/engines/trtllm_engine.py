@@ -34,19 +34,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from djl_handlers.engines.base import EngineRequest, StepOutput
-from djl_handlers.engines.vllm_engine import (
+from djl_handlers.config.engines import DTYPE_NAMES
+from djl_handlers.engines.adapters import (
     fit_kwargs,
     import_engine_library,
     resolve_model,
     tensor_parallel_size,
     token_logprob,
 )
+from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong, message_of
 
 LOG = logging.getLogger(__name__)
 
-DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "auto"}
 
 
 @dataclass
@@ -96,7 +96,7 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     dtype = str(getattr(config, "dtype", "auto") or "auto")
     kwargs: dict[str, Any] = {
         "model": resolve_model(config),
-        "dtype": DTYPES.get(dtype, dtype),
+        "dtype": DTYPE_NAMES.get(dtype, dtype),
         "tensor_parallel_size": tensor_parallel_size(config),
         "trust_remote_code": bool(getattr(config, "trust_remote_code", False)),
         "max_batch_size": int(getattr(config, "max_rolling_batch_size", 32) or 32),

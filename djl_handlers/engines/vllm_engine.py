@@ -26,96 +26,26 @@ not on PyPI, its documented parameter set is vLLM's, and the adapter logs which 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
-import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from djl_handlers.config.engines import DTYPE_NAMES
+from djl_handlers.engines.adapters import (
+    fit_kwargs,
+    import_engine_library,
+    resolve_model,
+    tensor_parallel_size,
+    token_logprob,
+)
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong
 
 LOG = logging.getLogger(__name__)
 
-DTYPES: Mapping[str, str] = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "auto": "auto"}
 LMI_DIST_NOTICE = "option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is not installed)"
-
-
-# -- helpers shared with the TensorRT-LLM adapter ------------------------------------------------
-def import_engine_library(module: str, engine: str) -> Any:
-    """Import ``module`` or raise ``EngineNotInstalled`` naming the pip extra (no traceback chain)."""
-    import importlib
-
-    from djl_handlers.engines.registry import not_installed, translate_import_error
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        err = translate_import_error(engine, exc) or not_installed(engine, module)
-        raise err from None
-
-
-def accepted_fields(cls: type) -> frozenset[str]:
-    """Keyword names the constructor of ``cls`` accepts (msgspec Struct, dataclass or plain class)."""
-    names = getattr(cls, "__struct_fields__", None)
-    if names is None and dataclasses.is_dataclass(cls):
-        names = [f.name for f in dataclasses.fields(cls) if f.init]
-    if names is None:
-        params = inspect.signature(cls).parameters.values()
-        names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return frozenset(n for n in names if not n.startswith("_"))
-
-
-def fit_kwargs(cls: type, kwargs: Mapping[str, Any], engine: str) -> dict[str, Any]:
-    """``kwargs`` restricted to what the installed ``cls`` accepts.
-
-    A key the installed library does not know is dropped when its value asks for nothing
-    (None, 0, False, empty); otherwise the request is rejected with ``InvalidParameter``, so an
-    option the user set is never silently ignored.
-    """
-    known = accepted_fields(cls)
-    out: dict[str, Any] = {}
-    for key, value in kwargs.items():
-        if key in known:
-            out[key] = value
-        elif value not in (None, 0, False, "", [], ()):
-            version = getattr(inspect.getmodule(cls), "__version__", "") or ""
-            raise InvalidParameter(
-                f"{key}={value!r} is not supported by the installed {engine} {version}".rstrip(), field=key
-            )
-    return out
-
-
-def token_logprob(entry: Any, token_id: int) -> Optional[float]:
-    """The log-prob of ``token_id`` in one position's logprobs entry (a dict of id → Logprob, or
-    a float in older TensorRT-LLM releases)."""
-    if entry is None:
-        return None
-    if isinstance(entry, (int, float)):
-        return float(entry)
-    value = entry.get(token_id) if hasattr(entry, "get") else None
-    if value is None:
-        return None
-    return float(getattr(value, "logprob", value))
-
-
-def resolve_model(config: Any) -> str:
-    """Model id or folder from the config; empty means the embedded default model."""
-    from djl_handlers.engines.hf_loader import resolve_model_id
-
-    return resolve_model_id(getattr(config, "model_id", None) or getattr(config, "model_dir", None) or "")
-
-
-def tensor_parallel_size(config: Any) -> int:
-    """``tensor_parallel_degree`` with -1 ("all devices") resolved to the CUDA device count."""
-    degree = int(getattr(config, "tensor_parallel_degree", 1) or 1)
-    if degree != -1:
-        return degree
-    import torch
-
-    return max(1, torch.cuda.device_count())
 
 
 # -- vLLM specifics --------------------------------------------------------------------------------
@@ -137,7 +67,7 @@ def engine_args_kwargs(config: Any) -> dict[str, Any]:
     dtype = str(getattr(config, "dtype", "auto") or "auto")
     kwargs: dict[str, Any] = {
         "model": resolve_model(config),
-        "dtype": DTYPES.get(dtype, dtype),
+        "dtype": DTYPE_NAMES.get(dtype, dtype),
         "tensor_parallel_size": tensor_parallel_size(config),
         "max_num_seqs": int(getattr(config, "max_rolling_batch_size", 256) or 256),
         "trust_remote_code": bool(getattr(config, "trust_remote_code", False)),

@@ -6,13 +6,7 @@
 from LMI v0.27. Importing this package does no work.
 """
 
-from djl_handlers.formatting.dynamic import (
-    dynamic_batch_body,
-    dynamic_batch_json,
-    dynamic_stream_error_line,
-    dynamic_stream_line,
-)
-from djl_handlers.formatting.lmi import Formatter
+from djl_handlers.formatting.base import Formatter
 from djl_handlers.formatting.registry import (
     CustomFormatter,
     allowed_names,
@@ -26,10 +20,6 @@ __all__ = [
     "Formatter",
     "allowed_names",
     "content_type_for",
-    "dynamic_batch_body",
-    "dynamic_batch_json",
-    "dynamic_stream_error_line",
-    "dynamic_stream_line",
     "get_formatter",
     "is_legacy_formatter",
 ]

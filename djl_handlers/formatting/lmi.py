@@ -1,4 +1,5 @@
-"""LMI v0.27 rolling-batch formatters (``json``, ``jsonlines``, ``none``) and the shared helpers.
+"""LMI v0.27 rolling-batch formatters (``json``, ``jsonlines``, ``none``) and the shared helpers
+(the ``Formatter`` base class and the error accessors live in ``base.py``).
 
 Every formatter is called once per scheduler step with the request's ``RequestOutput`` (after
 ``new_tokens``/``tokens`` are updated; ``finished``/``finish_reason`` set on the last call) and
@@ -14,31 +15,21 @@ from __future__ import annotations
 
 import json
 import math
-from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, Optional
 
+from djl_handlers.formatting.base import (  # noqa: F401 - re-exported for the dialect modules
+    DEFAULT_ERROR_CODE,
+    Formatter,
+    error_code,
+    error_message,
+    is_error,
+)
 from djl_handlers.request.records import RequestOutput, Token
 
-# Error code used when a failed request carries none (DJL's rolling-batch failure code).
-DEFAULT_ERROR_CODE = 424
 # Carries the closing fields when the final step produced no token (e.g. a trimmed stop
 # sequence) or failed: id -1 and ``special`` as DJL's own error token, no text.
 PLACEHOLDER_TOKEN = Token(id=-1, text="", log_prob=None, special=True)
-
-
-class Formatter(ABC):
-    """A named, stateless step formatter: ``RequestOutput`` -> text chunk for the HTTP body."""
-
-    name: str = ""
-    content_type: str = "application/json"
-
-    @abstractmethod
-    def __call__(self, out: RequestOutput) -> str:
-        """Text to append to the body for this step; ``""`` for nothing."""
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} ({self.content_type})>"
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -94,22 +85,6 @@ def wants_prefill(out: RequestOutput) -> bool:
 def wants_top_tokens(out: RequestOutput) -> bool:
     """True when the client asked for ``parameters.top_n_tokens`` > 0."""
     return bool(getattr(out.request.params, "top_n_tokens", 0))
-
-
-def is_error(out: RequestOutput) -> bool:
-    """True when the request ended in failure."""
-    return out.error is not None or out.finish_reason == "error"
-
-
-def error_message(out: RequestOutput) -> str:
-    """A non-empty error message (v0.27 sometimes sent an empty one)."""
-    text = (out.error or "").strip()
-    return text if text else "generation failed"
-
-
-def error_code(out: RequestOutput) -> int:
-    """The request's error code, DJL's 424 when none was recorded."""
-    return out.error_code if out.error_code is not None else DEFAULT_ERROR_CODE
 
 
 def finish_reason(out: RequestOutput) -> Optional[str]:
@@ -220,10 +195,14 @@ def jsonlines_record(out: RequestOutput, token: Token, closing: bool) -> dict[st
 
 
 class JsonLinesFormatter(Formatter):
-    """``jsonlines``: one ``{"token": {...}}`` line per new token; the last line closes."""
+    """``jsonlines``: one ``{"token": {...}}`` line per new token; the last line closes (with
+    ``error``/``code`` when the request failed mid-stream)."""
 
     name = "jsonlines"
     content_type = "application/jsonlines"
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
         return "".join(dumps(jsonlines_record(out, token, closing)) + "\n" for _, token, closing in step_events(out))

@@ -161,6 +161,9 @@ class OpenAIJsonFormatter(Formatter):
         self.content_type = "application/json"
         self._dump = dump
 
+    def error_body(self, out: RequestOutput) -> str:
+        return self._dump(openai_error(out))
+
     def __call__(self, out: RequestOutput) -> str:
         if not out.finished:
             return ""
@@ -197,6 +200,12 @@ class OpenAIStreamFormatter(Formatter):
         self.sse = sse
         self.content_type = "text/event-stream" if sse else "application/jsonlines"
         self._dump = dump
+
+    def error_body(self, out: RequestOutput) -> str:
+        return self._dump(openai_error(out))  # OpenAI answers a refused stream with a JSON body
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
         if out.finished and is_error(out):

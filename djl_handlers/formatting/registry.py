@@ -42,30 +42,31 @@ from djl_handlers.request.records import RequestOutput, Token
 FormatterSpec = Union[str, Callable[..., Any], None]
 Factory = Callable[[], Formatter]
 
-# name -> (factory, content type)
-FORMATTERS: dict[str, tuple[Factory, str]] = {
-    "json": (JsonFormatter, "application/json"),
-    "jsonlines": (JsonLinesFormatter, "application/jsonlines"),
-    "none": (NoneFormatter, "text/plain"),
-    "sse": (SseFormatter, "text/event-stream"),
-    "tgi": (TgiFormatter, "application/json"),
-    "tgi_stream": (TgiStreamFormatter, "text/event-stream"),
-    "3p": (ThreePFormatter, "application/json"),
-    "3p_stream": (ThreePStreamFormatter, "application/jsonlines"),
-    "chat_json": (lambda: OpenAIJsonFormatter("chat_json", "chat"), "application/json"),
-    "chat_sse": (lambda: OpenAIStreamFormatter("chat_sse", "chat"), "text/event-stream"),
-    "completion_json": (lambda: OpenAIJsonFormatter("completion_json", "completion"), "application/json"),
-    "completion_sse": (lambda: OpenAIStreamFormatter("completion_sse", "completion"), "text/event-stream"),
-    "sse_chat": (lambda: OpenAIStreamFormatter("sse_chat", "chat"), "text/event-stream"),
+# name -> factory; each formatter declares its own ``content_type`` (the one place it is written).
+FORMATTERS: dict[str, Factory] = {
+    "json": JsonFormatter,
+    "jsonlines": JsonLinesFormatter,
+    "none": NoneFormatter,
+    "sse": SseFormatter,
+    "tgi": TgiFormatter,
+    "tgi_stream": TgiStreamFormatter,
+    "3p": ThreePFormatter,
+    "3p_stream": ThreePStreamFormatter,
+    "chat_json": lambda: OpenAIJsonFormatter("chat_json", "chat"),
+    "chat_sse": lambda: OpenAIStreamFormatter("chat_sse", "chat"),
+    "completion_json": lambda: OpenAIJsonFormatter("completion_json", "completion"),
+    "completion_sse": lambda: OpenAIStreamFormatter("completion_sse", "completion"),
+    "sse_chat": lambda: OpenAIStreamFormatter("sse_chat", "chat"),
+    # DJL v0.27's chat names keep DJL's spaced JSON separators.
+    "json_chat": lambda: OpenAIJsonFormatter("json_chat", "chat", dump=dumps),
+    "jsonlines_chat": lambda: OpenAIStreamFormatter("jsonlines_chat", "chat", sse=False, dump=dumps),
 }
-# DJL v0.27's chat names keep DJL's spaced JSON separators; built in _v027_chat.
-V027_CHAT = {"json_chat": "application/json", "jsonlines_chat": "application/jsonlines"}
 TGI_ALIASES = {"json": "tgi", "sse": "tgi_stream"}
 
 
 def allowed_names() -> list[str]:
     """Every registered formatter name, sorted."""
-    return sorted([*FORMATTERS, *V027_CHAT])
+    return sorted(FORMATTERS)
 
 
 def resolve_name(spec: Optional[str], *, stream: bool, tgi_compat: bool = False, config: bool = False) -> str:
@@ -77,7 +78,7 @@ def resolve_name(spec: Optional[str], *, stream: bool, tgi_compat: bool = False,
             name = "tgi_stream" if stream else "tgi"
     elif tgi_compat:
         name = TGI_ALIASES.get(name, name)
-    if name not in FORMATTERS and name not in V027_CHAT:
+    if name not in FORMATTERS:
         error = ConfigError if config else InvalidRequest
         raise error(
             f"unknown output_formatter {spec!r}; allowed: {', '.join(allowed_names())} "
@@ -97,26 +98,22 @@ def get_formatter(spec: FormatterSpec, *, stream: bool, tgi_compat: bool = False
             f"output_formatter must be a name or a callable, got {type(spec).__name__} {spec!r}",
             field="output_formatter",
         )
-    name = resolve_name(spec, stream=stream, tgi_compat=tgi_compat, config=config)
-    if name in V027_CHAT:
-        return _v027_chat(name)
-    return FORMATTERS[name][0]()
+    return FORMATTERS[resolve_name(spec, stream=stream, tgi_compat=tgi_compat, config=config)]()
+
+
+# The formatter whose error rendering a request of each API dialect (set by the server's routes)
+# gets when it fails before it could be parsed; anything else gets DJL's LMI rendering.
+_ERROR_FORMATTERS = {"tgi": "tgi", "tgi_stream": "tgi_stream", "chat": "chat_json", "completion": "completion_json"}
+
+
+def error_formatter(api: Optional[str]) -> Formatter:
+    """The formatter that renders errors for an unparsed request of API dialect ``api``."""
+    return get_formatter(_ERROR_FORMATTERS.get((api or "").strip().lower(), "json"), stream=False)
 
 
 def content_type_for(spec: FormatterSpec, stream: bool, tgi_compat: bool = False, *, config: bool = False) -> str:
-    """Content-Type of the body that ``spec`` produces (without building the formatter)."""
-    if callable(spec):
-        return CustomFormatter.content_type_of(spec, stream=stream)
-    if spec is not None and not isinstance(spec, str):
-        return get_formatter(spec, stream=stream, config=config).content_type  # raises
-    name = resolve_name(spec, stream=stream, tgi_compat=tgi_compat, config=config)
-    return V027_CHAT[name] if name in V027_CHAT else FORMATTERS[name][1]
-
-
-def _v027_chat(name: str) -> Formatter:
-    if name == "json_chat":
-        return OpenAIJsonFormatter(name, "chat", dump=dumps)
-    return OpenAIStreamFormatter(name, "chat", sse=False, dump=dumps)
+    """Content-Type of the body that ``spec`` produces (the formatter's own ``content_type``)."""
+    return get_formatter(spec, stream=stream, tgi_compat=tgi_compat, config=config).content_type
 
 
 # --------------------------------------------------------------------------- custom formatters

@@ -22,6 +22,9 @@ class SseFormatter(Formatter):
     name = "sse"
     content_type = "text/event-stream"
 
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)  # an SSE event, never a bare JSON line
+
     def __call__(self, out: RequestOutput) -> str:
         return "".join(
             sse_event(dumps(jsonlines_record(out, token, closing))) for _, token, closing in step_events(out)

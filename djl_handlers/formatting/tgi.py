@@ -25,6 +25,7 @@ from typing import Any, Optional
 from djl_handlers.formatting.lmi import (
     Formatter,
     dumps_compact,
+    error_code,
     error_message,
     finite,
     first_new_index,
@@ -34,6 +35,7 @@ from djl_handlers.formatting.lmi import (
     wants_prefill,
     wants_top_tokens,
 )
+from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.records import RequestOutput, Token
 
 
@@ -55,19 +57,17 @@ def tgi_top_tokens(out: RequestOutput, index: int) -> list[dict[str, Any]]:
 
 
 def tgi_seed(out: RequestOutput) -> Optional[int]:
-    """The seed TGI reports: the client's seed, else the server's seed when sampling, else null."""
-    params = out.request.params
-    seed = getattr(params, "seed", None)
-    if seed is not None:
-        return int(seed)
-    if getattr(params, "do_sample", False) and out.request.seed is not None:
-        return int(out.request.seed)
-    return None
+    """The seed TGI reports: the request's resolved seed when it sampled, null when greedy (as
+    TGI); ``Request.seed`` is decided once, by the parser (``resolve_seed``)."""
+    return out.request.seed if is_sampling(out.request.params) else None
 
 
 def tgi_error(out: RequestOutput) -> dict[str, Any]:
-    """TGI's error object for a failed generation."""
-    return {"error": error_message(out), "error_type": "generation"}
+    """TGI's error object: ``error_type`` ``validation`` for a request the server refused (4xx but
+    DJL's 424), ``generation`` for a failed generation."""
+    code = error_code(out)
+    kind = "validation" if 400 <= code < 500 and code != 424 else "generation"
+    return {"error": error_message(out), "error_type": kind}
 
 
 class TgiFormatter(Formatter):
@@ -75,6 +75,9 @@ class TgiFormatter(Formatter):
 
     name = "tgi"
     content_type = "application/json"
+
+    def error_body(self, out: RequestOutput) -> str:
+        return dumps_compact(tgi_error(out))
 
     def __call__(self, out: RequestOutput) -> str:
         if not out.finished:
@@ -101,6 +104,12 @@ class TgiStreamFormatter(Formatter):
 
     name = "tgi_stream"
     content_type = "text/event-stream"
+
+    def error_body(self, out: RequestOutput) -> str:
+        return dumps_compact(tgi_error(out))  # TGI answers a refused stream with a JSON body
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
         if out.finished and is_error(out):

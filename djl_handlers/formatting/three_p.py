@@ -41,6 +41,9 @@ class ThreePFormatter(Formatter):
     name = "3p"
     content_type = "application/json"
 
+    def error_body(self, out: RequestOutput) -> str:
+        return self(out)
+
     def __call__(self, out: RequestOutput) -> str:
         if not out.finished:
             return ""
@@ -67,6 +70,12 @@ class ThreePStreamFormatter(Formatter):
 
     name = "3p_stream"
     content_type = "application/jsonlines"
+
+    def error_body(self, out: RequestOutput) -> str:
+        return self(out)
+
+    def error_chunk(self, out: RequestOutput) -> str:
+        return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
         return "".join(

@@ -66,3 +66,14 @@ def new_output(like: object | None = None) -> Any:
     from djl_handlers.io.outputs import Output
 
     return Output()
+
+
+def input_from_frame(properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> Any:
+    """The ``Input`` for one decoded request frame, of the family the handler expects
+    (djl_python's inside DJL Serving): the worker and the in-process transport both use it."""
+    item = io_classes()[0]()
+    item.properties = properties
+    for key, value in content:
+        item.content.add(key=key, value=bytearray(value))
+    item.function_name = properties.get("handler")
+    return item

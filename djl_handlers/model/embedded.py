@@ -179,7 +179,7 @@ def _convert_into(gguf: Path, out: Path) -> None:
         quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         bar.update()
         bar.set_postfix_str(steps[2])
-        config = quantized.config
+        config: Any = quantized.config  # a LlamaConfig (transformers types it as the base class)
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         plain = LlamaForCausalLM(config)

@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any, Optional
 
 from djl_handlers.errors import InvalidParameter
-from djl_handlers.params.translate import known_parameters, normalize_engine, supported_parameters
+from djl_handlers.params.support import known_parameters, normalize_engine, supported_parameters
 
 logger = logging.getLogger(__name__)
 

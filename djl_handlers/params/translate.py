@@ -1,100 +1,41 @@
-"""Pure per-engine translations of ``GenerationParameters`` and the support table.
-
-``SUPPORT[engine][parameter]`` is one of:
-
-* ``"native"`` — passed to the engine library by that engine's ``to_*`` function;
-* ``"emulated"`` — implemented by djl_handlers itself (scheduler, detokenizer, formatter,
-  prompt truncation) for that engine, read straight from the parameters object;
-* ``"unsupported"`` — rejected when strict (see ``docs/parameters.md``), unless the value equals
-  the default (it then asks for nothing).
+"""Pure per-engine translations of ``GenerationParameters``.
 
 Every ``to_*`` function returns a plain dict of keyword arguments; nothing here imports an
-engine library. Field names of the engine APIs live in the ``to_*`` bodies only.
+engine library. Field names of the engine APIs live in the ``to_*`` bodies only. Engines read
+their generation settings only through these functions (never from the request object), so one
+rule — :func:`is_sampling` — decides greedy versus sampling for every engine. Which parameter each
+engine supports is :mod:`djl_handlers.params.support`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from djl_handlers.params.support import (
+    EMULATED,
+    ENGINES,
+    NATIVE,
+    SUPPORT,
+    UNSUPPORTED,
+    known_parameters,
+    normalize_engine,
+    supported_parameters,
+)
 
 if TYPE_CHECKING:
     from djl_handlers.params.generation import GenerationParameters
 
-ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
-
-NATIVE = "native"
-EMULATED = "emulated"
-UNSUPPORTED = "unsupported"
-
-# parameter -> status letters for ENGINES in order (N native, E emulated, U unsupported).
-_TABLE: Mapping[str, str] = {
-    "do_sample": "NNEEE",
-    "seed": "NNNNN",
-    "temperature": "NNNNN",
-    "repetition_penalty": "NNNNN",
-    "top_k": "NNNNN",
-    "top_p": "NNNNN",
-    "max_new_tokens": "NNNNN",
-    "details": "EEEEE",
-    "return_full_text": "EEEEE",
-    "stop_sequences": "EENNN",
-    "typical_p": "NNUUU",
-    "truncate": "EEEEE",
-    "ignore_eos_token": "EENNN",
-    "min_p": "UUNNN",
-    "presence_penalty": "UUNNN",
-    "frequency_penalty": "UUNNN",
-    "num_beams": "UUUUU",
-    "length_penalty": "UUNUU",
-    "early_stopping": "UUUUU",
-    "stop_token_ids": "UUNNN",
-    "include_stop_str_in_output": "EENNN",
-    "logprobs": "UUNNN",
-    "prompt_logprobs": "UUNNN",
-    "skip_special_tokens": "EENNN",
-    "spaces_between_special_tokens": "UUNNN",
-    "min_length": "UUNUU",
-    "bad_sequences": "UUNNN",
-    "decoder_input_details": "NNUUU",  # the vLLM adapter does not report prompt/top log-probs yet
-    "top_n_tokens": "NNUUU",
-    "best_of": "UUUUU",
-    "n": "UUUUU",
-    "min_new_tokens": "NNNNN",
-}
-_STATUS = {"N": NATIVE, "E": EMULATED, "U": UNSUPPORTED}
-
-SUPPORT: dict[str, dict[str, str]] = {
-    engine: {name: _STATUS[row[i]] for name, row in _TABLE.items()}
-    for i, engine in enumerate(ENGINES)
-}
-
-_ENGINE_ALIASES: Mapping[str, str] = {
-    "trtllm": "tensorrt_llm", "tensorrt-llm": "tensorrt_llm", "lmi_dist": "lmi-dist",
-    "hf": "huggingface",
-}
+__all__ = [
+    "EMULATED", "ENGINES", "NATIVE", "SUPPORT", "TRANSLATORS", "UNSUPPORTED", "is_sampling",
+    "known_parameters", "normalize_engine", "supported_parameters", "to_deepspeed", "to_hf",
+    "to_trtllm", "to_vllm", "translate",
+]
 
 
-def normalize_engine(engine: str) -> str:
-    """Canonical engine name; ``ValueError`` for an engine that does not exist (a bug, not input)."""
-    name = _ENGINE_ALIASES.get(engine, engine)
-    if name not in SUPPORT:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
-    return name
-
-
-def supported_parameters(engine: str) -> frozenset[str]:
-    """Parameters the engine honours (natively or emulated)."""
-    row = SUPPORT[normalize_engine(engine)]
-    return frozenset(name for name, status in row.items() if status != UNSUPPORTED)
-
-
-def known_parameters() -> frozenset[str]:
-    """Every parameter name in the table (known to at least one engine)."""
-    return frozenset(_TABLE)
-
-
-def _sampling(p: GenerationParameters) -> bool:
-    """HF semantics: sampling requested and temperature > 0 (0 means greedy)."""
+def is_sampling(p: GenerationParameters) -> bool:
+    """The one greedy/sampling rule for every engine: sample only when ``do_sample`` is true and
+    ``temperature > 0``. ``temperature: 0`` means greedy (as vLLM and OpenAI define it), with or
+    without ``do_sample``."""
     return p.do_sample and p.temperature > 0
 
 
@@ -107,7 +48,7 @@ def to_hf(p: GenerationParameters) -> dict[str, Any]:
     """
     kwargs: dict[str, Any] = {
         "max_new_tokens": p.max_new_tokens,
-        "do_sample": _sampling(p),
+        "do_sample": is_sampling(p),
         "repetition_penalty": p.repetition_penalty,
         "num_beams": 1,
     }
@@ -142,14 +83,14 @@ def _vllm_logprobs(p: GenerationParameters) -> int:
 def to_vllm(p: GenerationParameters) -> dict[str, Any]:
     """Keyword arguments for ``vllm.SamplingParams`` (vLLM 0.10+ field names).
 
-    Greedy (``do_sample`` false) is ``temperature=0``; ``top_k <= 0`` becomes ``-1`` (accepted
+    Greedy (``is_sampling`` false) is ``temperature=0``; ``top_k <= 0`` becomes ``-1`` (accepted
     by every vLLM release as "off"). ``decoder_input_details`` asks for ``prompt_logprobs=1``.
     """
     kwargs: dict[str, Any] = {
         "n": 1,
         "max_tokens": p.max_new_tokens,
         "min_tokens": p.min_new_tokens,
-        "temperature": p.temperature if p.do_sample else 0.0,
+        "temperature": p.temperature if is_sampling(p) else 0.0,
         "top_k": p.top_k if p.top_k > 0 else -1,
         "top_p": p.top_p,
         "min_p": p.min_p,
@@ -185,7 +126,8 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
     Temperature/top_k/top_p already carry TensorRT-LLM's own defaults (``from_dict`` with engine
     ``tensorrt_llm``); top_k=0 and top_p=0 mean greedy to the runtime. ``min_tokens`` is
     ``min_new_tokens`` when given, else ``min_length``. ``end_id``/``pad_id`` are set by the
-    engine adapter from the tokenizer.
+    engine adapter from the tokenizer. ``temperature: 0`` means greedy (``top_k=1``, ``top_p=0``,
+    no temperature), as for every other engine.
     """
     kwargs: dict[str, Any] = {
         "max_tokens": p.max_new_tokens,
@@ -203,6 +145,9 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
         "skip_special_tokens": p.skip_special_tokens,
         "spaces_between_special_tokens": p.spaces_between_special_tokens,
     }
+    if p.temperature == 0.0:  # greedy by the one rule (is_sampling): TensorRT-LLM's greedy is top_k=1
+        del kwargs["temperature"]
+        kwargs.update(top_k=1, top_p=0.0)
     if p.min_p > 0.0:
         kwargs["min_p"] = p.min_p
     if p.logprobs is not None:

@@ -12,16 +12,18 @@ strings in dynamic-batch mode), optional ``parameters`` object and ``stream`` bo
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
-from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
+from djl_handlers.errors import InvalidParameter, InvalidRequest, UnprocessableParameter, UnsupportedMediaType
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.bedrock import bedrock_to_lmi
 from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
-from djl_handlers.request.records import CustomFormatter, Request
+from djl_handlers.request.records import FormatterFunction, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
 TGI_NULL_ONLY = ("grammar", "adapter_id")
@@ -37,7 +39,7 @@ class ParserSettings:
 
     engine: str = "huggingface"
     rolling_batch: bool = True
-    default_output_formatter: Union[str, CustomFormatter, None] = None
+    default_output_formatter: Union[str, FormatterFunction, None] = None
     tgi_compat: bool = False
     max_new_tokens_limit: int = 4096
     strict_parameters: bool = True
@@ -128,7 +130,7 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         stream=stream,
         output_formatter=formatter,
         inputs=inputs,
-        seed=gen.seed,
+        seed=gen.seed if is_sampling(gen) else None,
         properties=dict(item.get_properties()),
     )
 
@@ -136,17 +138,26 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
 def _openai_request(item: Any, req: OpenAIRequest, settings: ParserSettings) -> Request:
     gen = _generation_parameters(item, req.parameters, settings)
     return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
-                   inputs=req.prompt, seed=gen.seed, properties=dict(item.get_properties()), extra=req.extra)
+                   inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
+                   properties=dict(item.get_properties()), extra=req.extra)
 
 
 def _generation_parameters(item: Any, params: dict[str, Any], settings: ParserSettings) -> GenerationParameters:
-    if "seed" not in params:
-        server_seed = _server_seed(item)
-        if server_seed is not None:
-            params["seed"] = server_seed
-    return GenerationParameters.from_dict(
+    gen = GenerationParameters.from_dict(
         params, settings.engine, max_new_tokens_limit=settings.max_new_tokens_limit, strict=settings.strict_parameters
     )
+    seed = resolve_seed(gen, _server_seed(item))
+    return gen if seed == gen.seed else replace(gen, seed=seed)
+
+
+def resolve_seed(params: GenerationParameters, server_seed: Optional[int]) -> Optional[int]:
+    """The request's seed, decided once: a sampling request uses the client's ``seed``, else the
+    seed DJL's front end sent with the request, else a random one; a greedy request keeps only
+    what the client sent (it decides nothing). ``Request.seed`` is this value when sampling and
+    None when greedy, so replies report no seed for greedy decoding (as TGI does)."""
+    if params.seed is not None or not is_sampling(params):
+        return params.seed
+    return server_seed if server_seed is not None else random.randrange(1 << 31)
 
 
 def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
@@ -163,6 +174,7 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     for key in TGI_NULL_ONLY:
         if params.pop(key, None) is not None:
             raise InvalidParameter(f"parameters.{key} is not supported", field=key)
+    _tgi_check_temperature(params.get("temperature"))
     if params.pop("watermark", False):
         raise InvalidParameter("parameters.watermark is not supported", field="watermark")
     if params.get("best_of") in (None, 1):
@@ -177,6 +189,13 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
                                field="decoder_input_details")
     params["output_formatter"] = "tgi_stream" if stream else "tgi"
     return {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
+
+
+def _tgi_check_temperature(value: Any) -> None:
+    """TGI's router refuses ``temperature <= 0`` (422) where the LMI schema means greedy by 0."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and value <= 0:
+        raise UnprocessableParameter("`temperature` must be strictly positive", field="temperature")
 
 
 def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:

@@ -26,17 +26,11 @@ class Token:
     log_prob: Optional[float] = None
     special: bool = False
 
-    def as_lmi_dict(self) -> dict[str, Any]:
-        """LMI v0.27 token object: ``id`` is a one-element list."""
-        return {"id": [self.id], "text": self.text, "log_prob": self.log_prob}
-
-    def as_tgi_dict(self) -> dict[str, Any]:
-        """TGI token object: scalar ``id``, ``logprob`` and ``special``."""
-        return {"id": self.id, "text": self.text, "logprob": self.log_prob, "special": self.special}
 
 
-# A custom output formatter from model.py: called once per step with the request's output.
-CustomFormatter = Callable[["RequestOutput"], str]
+# A custom output formatter function from model.py, called once per step with the request's output
+# (``formatting.registry.CustomFormatter`` is the class that wraps it).
+FormatterFunction = Callable[["RequestOutput"], str]
 
 
 @dataclass
@@ -45,13 +39,15 @@ class Request:
 
     ``prompt`` is the text sent to the model (after chat templating, before truncation);
     ``inputs`` is what the client sent as ``inputs`` (reported in ``details.inputs``).
-    ``output_formatter`` is a registered formatter name or a custom callable.
+    ``output_formatter`` is a registered formatter name or a custom callable. ``seed`` is the
+    seed the request samples with, resolved once by the parser (client's, else the front end's,
+    else random; equal to ``params.seed``), and None for a greedy request.
     """
 
     prompt: str
     params: GenerationParameters
     stream: bool = False
-    output_formatter: Union[str, CustomFormatter, None] = None
+    output_formatter: Union[str, FormatterFunction, None] = None
     inputs: Any = None
     seed: Optional[int] = None
     properties: dict[str, str] = field(default_factory=dict)

@@ -15,18 +15,21 @@ from dataclasses import dataclass
 from itertools import count
 from typing import Any, Optional
 
-from djl_handlers.engines.base import Engine, EngineRequest, StepOutput
-from djl_handlers.errors import error_body
-from djl_handlers.request.records import Request
+from djl_handlers.engines.base import Engine, EngineRequest, StaticEngine, StepOutput
+from djl_handlers.errors import error_body, output_error_body
+from djl_handlers.formatting.base import Formatter
+from djl_handlers.request.records import Request, RequestOutput
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
 _IDS = count(1 << 40)
 
 
-class _NoFormatter:
+class _NoFormatter(Formatter):
+    """Dynamic batches build their bodies from the slots' outputs, not per step."""
+
     content_type = "application/json"
 
-    def __call__(self, out: Any) -> str:
+    def __call__(self, out: RequestOutput) -> str:
         return ""
 
 
@@ -92,8 +95,7 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
             bodies.append(FormattedBody(formatters[index](output), formatters[index].content_type))
         elif any(s.output.error for s in slots[index]):
             failed = next(s for s in slots[index] if s.output.error)
-            bodies.append({"code": failed.output.error_code, "message": "prediction failure",
-                           "error": failed.output.error, "type": "engine_error"})
+            bodies.append(output_error_body(failed.output.error_code or 424, failed.output.error or ""))
         else:
             bodies.append([{"generated_text": s.output.full_text} for s in slots[index]])
     return bodies
@@ -101,10 +103,9 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
 
 def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> None:
     reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt) for s, ids in members]
-    generate_static = getattr(engine, "generate_static", None)
     try:
-        if generate_static is not None:
-            for (slot, _), outputs in zip(members, generate_static(reqs), strict=True):
+        if isinstance(engine, StaticEngine):
+            for (slot, _), outputs in zip(members, engine.generate_static(reqs), strict=True):
                 for step in outputs:
                     slot.consume(step)
                     if slot.finished:

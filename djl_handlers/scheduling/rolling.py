@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
 from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_of
+from djl_handlers.formatting.base import Formatter
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -28,10 +29,9 @@ FormatterFactory = Callable[[Request], Any]
 class RollingBatch:
     """The Python half of DJL's rolling-batch loop for one engine."""
 
-    def __init__(self, engine: Engine, formatter_factory: FormatterFactory, max_slots: int = 32) -> None:
+    def __init__(self, engine: Engine, formatter_factory: FormatterFactory) -> None:
         self.engine = engine
         self._formatter_factory = formatter_factory
-        self.max_slots = max_slots
         self.slots: list[RequestSlot] = []
         self._next_id = 0
 
@@ -70,12 +70,15 @@ class RollingBatch:
             slot.fail(message_of(exc), status_of(exc))
         return slot
 
-    def add_error(self, exc: BaseException, request: Optional[Request] = None) -> RequestSlot:
-        """Append a slot for a request that could not be parsed; it reports the error at once."""
+    def add_error(
+        self, exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None
+    ) -> RequestSlot:
+        """Append a slot for a request that could not be parsed; it reports the error at once,
+        rendered by ``formatter`` (the request's API dialect; default: DJL's LMI rendering)."""
         from djl_handlers.formatting import get_formatter
 
         stub = request or _error_request()
-        slot = RequestSlot(stub, get_formatter("json", stream=False), self._new_id())
+        slot = RequestSlot(stub, formatter or get_formatter("json", stream=False), self._new_id())
         slot.fail(_naming_field(exc), status_of(exc))
         self.slots.append(slot)
         return slot
@@ -117,9 +120,9 @@ class RollingBatch:
                 slot.fail(f"engine step failed: {message_of(exc)}", status_of(exc))
             return
         for out in outputs:
-            slot = by_id.get(out.request_id)
-            if slot is not None:
-                slot.consume(out)
+            target = by_id.get(out.request_id)
+            if target is not None:
+                target.consume(out)
 
     def _release(self, slot: RequestSlot) -> None:
         slot.in_engine = False

@@ -12,8 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
-from djl_handlers.engines.base import Engine, StepOutput, Tokenizer
-from djl_handlers.errors import PromptTooLong
+from djl_handlers.engines.base import Engine, StepOutput, Tokenizer, check_prompt_length
 from djl_handlers.extensions import REQUEST_ID_PROPERTY, STATS_RECORD_KEY, STEP_TOKENS_KEY
 from djl_handlers.request.records import Request, RequestOutput, Token
 from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
@@ -44,11 +43,12 @@ class RequestSlot:
         self.output = RequestOutput(request=request, prompt_tokens=len(prompt_ids))
         self.in_engine = False
         self.cancelled = False
+        self.sent = False  # some data reached the client (an error is then a stream chunk)
         params = request.params
         self._detok = (
-            IncrementalDetokenizer(tokenizer, prompt_ids, params_skip_special(params)) if tokenizer else None
+            IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens) if tokenizer else None
         )
-        self._eos = frozenset() if getattr(params, "ignore_eos_token", False) else eos_token_ids
+        self._eos = frozenset() if params.ignore_eos_token else eos_token_ids
         self._stops = StopSequenceMatcher(params.stop_sequences or ())
         # The stop string is removed from the text (docs/parameters.md): text that could be the start
         # of one is held back until it cannot be, unless include_stop_str_in_output keeps it.
@@ -58,7 +58,7 @@ class RequestSlot:
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
         self._prompt_ids = prompt_ids
         self._tokenizer = tokenizer
-        self._top_n = int(getattr(params, "top_n_tokens", 0) or 0)
+        self._top_n = params.top_n_tokens
         self._special_ids: Optional[frozenset[int]] = None  # built on first use (prefill/top tokens)
         self._eos_ids = eos_token_ids
 
@@ -82,7 +82,10 @@ class RequestSlot:
         out.finish_reason = reason
 
     def fail(self, message: str, code: int = 424) -> None:
-        """Finish the request with an error; it gets an error record instead of text."""
+        """Finish the request with an error; it gets an error record instead of text. A request
+        that already finished (or was cancelled) keeps its outcome."""
+        if self.output.finished:
+            return
         self.output.error = message or "request failed"
         self.output.error_code = code
         self.finish("error")
@@ -169,14 +172,25 @@ class RequestSlot:
     # -- output ----------------------------------------------------------------------------------
     def record(self) -> dict[str, Any]:
         """The rolling-batch record for this step: DJL's keys data/last/code/error, DJL's
-        ``step_token_num`` and, on the last record, ``djl_handlers_stats`` (see ``extensions``)."""
+        ``step_token_num`` and, on the last record, ``djl_handlers_stats`` (see ``extensions``).
+
+        A failure is rendered by the request's formatter, in its API dialect: before any data
+        was sent, the whole error body with ``code``/``error`` (the front end makes ``code`` the
+        HTTP status); after, the stream's last chunk (the status is already 200).
+        """
         out = self.output
         if out.error is not None:
-            return {"data": "", "last": True, "code": out.error_code or 424, "error": out.error,
-                    STEP_TOKENS_KEY: 0, STATS_RECORD_KEY: self.stats()}
+            if not self.sent:
+                code = out.error_code or 424
+                return {"data": self.formatter.error_body(out), "last": True, "code": code, "error": out.error,
+                        STEP_TOKENS_KEY: 0, STATS_RECORD_KEY: self.stats()}
+            data = self.formatter.error_chunk(out)
+            out.new_tokens = []
+            return {"data": data, "last": True, STEP_TOKENS_KEY: 0, STATS_RECORD_KEY: self.stats()}
         data = "" if self.cancelled else self.formatter(out)
         record: dict[str, Any] = {"data": data, "last": out.finished, STEP_TOKENS_KEY: len(out.new_tokens)}
         out.new_tokens = []
+        self.sent = self.sent or bool(data)
         if out.finished:
             record[STATS_RECORD_KEY] = self.stats()
         return record
@@ -190,12 +204,8 @@ class RequestSlot:
 
     @property
     def content_type(self) -> str:
-        return "application/json" if self.output.error is not None else self.formatter.content_type
-
-
-def params_skip_special(params: Any) -> bool:
-    """skip_special_tokens from the parameters (default True)."""
-    return bool(getattr(params, "skip_special_tokens", True))
+        failed_first = self.output.error is not None and not self.sent
+        return "application/json" if failed_first else self.formatter.content_type
 
 
 def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = None) -> list[int]:
@@ -205,13 +215,5 @@ def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = No
     truncate = request.params.truncate
     if truncate is not None and len(ids) > truncate:
         ids = ids[-truncate:]
-    if not ids:
-        raise PromptTooLong("inputs is empty after tokenization", field="inputs")
-    limit = engine.max_model_len
-    if len(ids) >= limit:
-        raise PromptTooLong(
-            f"inputs has {len(ids)} tokens but the model allows at most {limit - 1} "
-            f"(max_model_len {limit}); shorten the prompt or set parameters.truncate",
-            field="inputs",
-        )
+    check_prompt_length(len(ids), engine.max_model_len)
     return ids

@@ -28,7 +28,7 @@ from djl_handlers.io import wire
 from djl_handlers.server.protocol import WorkerRequest
 from djl_handlers.server.request_id import RequestIdMiddleware
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
-from djl_handlers.server.sink import SinkResponse
+from djl_handlers.server.sink import SinkResponse, error_json
 
 __all__ = ["RequestRejected", "create_app", "to_worker_request"]
 
@@ -46,9 +46,9 @@ class RequestRejected(Exception):
         self.message = message
 
 
-def _error(code: int, kind: str, message: str) -> JSONResponse:
-    """DJL's front-end error body."""
-    return JSONResponse({"code": code, "type": kind, "message": message}, status_code=code)
+def _error(code: int, kind: str, message: str) -> Response:
+    """DJL's front-end error body (``error_json``, shared with the runtime)."""
+    return Response(error_json(code, kind, message), status_code=code, media_type="application/json")
 
 
 def _properties(request: Request) -> dict[str, str]:

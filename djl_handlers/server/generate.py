@@ -13,10 +13,10 @@ from typing import TextIO
 
 from djl_handlers.server.protocol import (
     BatchFailure,
+    FrontEndBatch,
+    FrontEndSlot,
     InProcessTransport,
     Record,
-    RollingBatcher,
-    Slot,
     Transport,
     WorkerRequest,
     batch_frame,
@@ -36,8 +36,8 @@ def _emit(out: TextIO, data: bytes, flush: bool) -> None:
 def drive_rolling(transport: Transport, request: WorkerRequest, handler: str, out: TextIO,
                   flush: bool = False, max_steps: int = 1_000_000) -> int:
     """Step one request to its end; returns the HTTP status it would get."""
-    batcher = RollingBatcher(handler, max_size=1)
-    batcher.add(Slot(request=request))
+    batcher = FrontEndBatch(handler, max_size=1)
+    batcher.add(FrontEndSlot(request=request))
     status: int | None = None
     for _ in range(max_steps):
         frame = transport.call(*batcher.build_step())

@@ -3,7 +3,7 @@
 * :func:`single_frame` / :func:`batch_frame` / :func:`split_batch` — ``PyProcess.predict`` and
   ``PyPredictor.batchPredict`` (dynamic batching, ``batch_NNN.`` prefixes, one reply per request,
   a batch code >= 300 goes to every request);
-* :class:`RollingBatcher` — ``RollingBatch.java``'s step loop state: the whole in-flight list every
+* :class:`FrontEndBatch` — ``RollingBatch.java``'s step loop state: the whole in-flight list every
   step, properties/body/seed only on a request's first step and empty bodies afterwards,
   ``reset_rollingbatch=true`` after a failure, positional identity, ``batch_{i}_<name>`` reply
   properties as that request's headers, records with ``data``/``last``/``code``/``error``;
@@ -25,17 +25,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from djl_handlers.errors import record_error_body
 from djl_handlers.extensions import CANCEL_PROPERTY, STATS_RECORD_KEY
 from djl_handlers.io import wire
 
 __all__ = [
     "CANCEL_PROPERTY",
     "BatchFailure",
+    "FrontEndBatch",
+    "FrontEndSlot",
     "InProcessTransport",
     "Record",
     "Reply",
-    "RollingBatcher",
-    "Slot",
     "Transport",
     "WorkerRequest",
     "batch_frame",
@@ -208,25 +209,13 @@ class Record:
     tokens: int = 1
     stats: str | None = None  # the last record's ``djl_handlers_stats`` JSON (see ``extensions``)
 
-    def error_body(self, api: str | None = None) -> bytes:
-        """DJL's compact chunk for a record carrying ``code``: ``{"error":..,"code":..}``.
-
-        Key order as DJL serialises its map (``error`` first, observed with DJL 0.34). Requests that
-        came through the OpenAI or TGI routes (``api``) get that dialect's error object instead, so
-        the official clients show the message.
-        """
-        if api in ("chat", "completion"):
-            kind = "invalid_request_error" if self.code is not None and self.code < 500 else "server_error"
-            error = {"message": self.error or "", "type": kind, "param": None, "code": self.code}
-            return json.dumps({"error": error}, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if api in ("tgi", "tgi_stream"):
-            tgi = {"error": self.error or "", "error_type": "validation" if self.code == 400 else "generation"}
-            return json.dumps(tgi, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        body: dict[str, Any] = {}
-        if self.error is not None:
-            body["error"] = self.error
-        body["code"] = self.code
-        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    def error_body(self) -> bytes:
+        """The body for a record carrying ``code``: the handler's own rendering (``data``, in the
+        request's API dialect) when it sent one, else DJL's compact ``{"error":..,"code":..}``
+        (a handler written against djl_python's API). The server renders no dialect itself."""
+        if self.data:
+            return self.data.encode("utf-8")
+        return record_error_body(self.code, self.error).encode("utf-8")
 
 
 def decode_record(blob: bytes) -> Record:
@@ -252,8 +241,9 @@ def decode_record(blob: bytes) -> Record:
 
 
 @dataclass(eq=False)
-class Slot:
-    """One request in the rolling batch. ``owner`` is whatever the driver attaches (an HTTP sink)."""
+class FrontEndSlot:
+    """One request in the front end's rolling batch (the handler's side of a request is
+    ``scheduling.slot.RequestSlot``). ``owner`` is whatever the driver attaches (an HTTP sink)."""
 
     request: WorkerRequest
     owner: Any = None
@@ -263,21 +253,23 @@ class Slot:
     finished: bool = False
 
 
-class RollingBatcher:
-    """``RollingBatch.java``'s list and frame building, driven by the caller one step at a time."""
+class FrontEndBatch:
+    """``RollingBatch.java``'s list and frame building, driven by the caller one step at a time:
+    the front end's half of the rolling batch (the handler's half is ``scheduling.rolling.RollingBatch``;
+    ``testing.java_loop.RollingBatchDriver`` emulates this half in process for tests)."""
 
     def __init__(self, handler: str = "handle", max_size: int = 32) -> None:
         """``max_size`` is ``max_rolling_batch_size``; the caller checks :meth:`has_room`."""
         self.handler = handler
         self.max_size = max_size
-        self.slots: list[Slot] = []
+        self.slots: list[FrontEndSlot] = []
         self.reset = False
 
     def has_room(self) -> bool:
         """True when another request may join the batch."""
         return len(self.slots) < self.max_size
 
-    def add(self, slot: Slot) -> None:
+    def add(self, slot: FrontEndSlot) -> None:
         """Append a new request; it is sent with its properties, body and seed on the next step."""
         self.slots.append(slot)
 
@@ -304,7 +296,7 @@ class RollingBatcher:
         properties.setdefault("handler", self.handler)
         return properties, content
 
-    def apply(self, frame: wire.OutputFrame) -> list[tuple[Slot, Record, dict[str, str]]]:
+    def apply(self, frame: wire.OutputFrame) -> list[tuple[FrontEndSlot, Record, dict[str, str]]]:
         """Match a step's reply to the slots by position; finished slots leave the list.
 
         Returns ``(slot, record, headers)`` per slot. Raises :class:`BatchFailure` (and arms
@@ -331,7 +323,7 @@ class RollingBatcher:
             slot.finished = record.last
         return results
 
-    def clear(self) -> list[Slot]:
+    def clear(self) -> list[FrontEndSlot]:
         """Drop every slot (after a failure) and arm ``reset_rollingbatch``; returns the dropped."""
         dropped, self.slots = self.slots, []
         self.reset = True
@@ -365,17 +357,12 @@ class InProcessTransport:
 
     def call(self, properties: Mapping[str, str], content: Content) -> wire.OutputFrame:
         """Run the handler on one frame and decode its reply."""
-        from djl_handlers.io.compat import io_classes
+        from djl_handlers.io.compat import input_from_frame
 
         raw = wire.encode_input_frame(properties, content)
         props, entries = wire.read_input_frame(io.BytesIO(raw))
         props["device_id"] = self._device_id
-        item = io_classes()[0]()
-        item.properties = props
-        for key, value in entries:
-            item.content.add(key=key, value=bytearray(value))
-        item.function_name = props.get("handler")
-        output = self._service.invoke(item)
+        output = self._service.invoke(input_from_frame(props, entries))
         buffer = _Buffer()
         output.send(buffer)
         finalize: Callable[[], Any] | None = getattr(output, "execute_finalize", None)

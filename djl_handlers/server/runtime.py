@@ -5,7 +5,7 @@ exactly one frame is on the socket at a time; all state lives on the event loop.
 
 * dynamic batching: gather up to ``batch_size`` requests for up to ``max_batch_delay`` ms, send one
   frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk;
-* rolling batch: :class:`.protocol.RollingBatcher` steps over the in-flight list until each slot's
+* rolling batch: :class:`.protocol.FrontEndBatch` steps over the in-flight list until each slot's
   record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue.
 
 A worker that dies fails only the requests it held (error chunk or 500 JSON) and is restarted with
@@ -20,14 +20,13 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.io import wire
 from djl_handlers.server.protocol import (
     BatchFailure,
+    FrontEndBatch,
+    FrontEndSlot,
     Record,
     Reply,
-    RollingBatcher,
-    Slot,
     WorkerRequest,
     batch_frame,
     looks_like_record,
@@ -78,7 +77,7 @@ class ModelRuntime:
         self.in_flight = 0
         self.outstanding: set[ResponseSink] = set()
         self._queue: deque[tuple[WorkerRequest, ResponseSink]] = deque()
-        self._batcher = RollingBatcher(settings.handler, settings.max_rolling_batch_size)
+        self._batcher = FrontEndBatch(settings.handler, settings.max_rolling_batch_size)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="djlh-worker-io")
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -304,7 +303,7 @@ class ModelRuntime:
             request, sink = self._queue.popleft()
             if sink.done:
                 continue
-            slot = Slot(request=WorkerRequest(request.properties, [("data", request.data())]), owner=sink)
+            slot = FrontEndSlot(request=WorkerRequest(request.properties, [("data", request.data())]), owner=sink)
             sink.slot = slot
             self.telemetry.admitted(sink.trace)
             batcher.add(slot)
@@ -317,11 +316,11 @@ class ModelRuntime:
                 pass
         return frame
 
-    def _fail_slots(self, slots: list[Slot], code: int, message: str) -> None:
+    def _fail_slots(self, slots: list[FrontEndSlot], code: int, message: str) -> None:
         for slot in slots:
             slot.owner.fail(code, _rolling_error(code, message))
 
-    def _deliver(self, slot: Slot, record: Record, headers: dict[str, str]) -> None:
+    def _deliver(self, slot: FrontEndSlot, record: Record, headers: dict[str, str]) -> None:
         """Apply one record to its HTTP response, the way DJL's ``Request.addResponse`` does."""
         sink: ResponseSink = slot.owner
         if sink.done:
@@ -332,9 +331,7 @@ class ModelRuntime:
             if default and not any(key.lower() == "content-type" for key in merged):
                 merged["Content-Type"] = default
             if record.code is not None:
-                api = next((v for k, v in slot.request.properties.items()
-                            if k.lower() == API_PROPERTY.lower()), None)
-                sink.fail(record.code, record.error_body(api), merged)
+                sink.fail(record.code, record.error_body(), merged)
                 return
             if record.data or record.last:
                 sink.start(200, merged)

@@ -25,8 +25,11 @@ _SKIP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", 
 
 
 def error_json(code: int, kind: str, message: str) -> bytes:
-    """DJL front-end error body ``{"code", "type", "message"}``."""
-    return json.dumps({"code": code, "type": kind, "message": message}).encode("utf-8")
+    """DJL front-end error body ``{"code", "type", "message"}`` (compact JSON): the one renderer of
+    the errors the server itself answers (routing, body limits, queue full, worker died,
+    timeouts, shutdown); a request's own errors are rendered by its formatter in the worker."""
+    body = {"code": code, "type": kind, "message": message}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _valid_status(code: int) -> int:

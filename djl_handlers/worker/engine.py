@@ -24,8 +24,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from djl_handlers.errors import message_of
+from djl_handlers.errors import message_of, output_error_body
 from djl_handlers.io import wire
+from djl_handlers.io.compat import input_from_frame
 from djl_handlers.worker.loader import HandlerService
 
 __all__ = ["STARTED_LINE", "build_parser", "main", "serve_connection"]
@@ -83,18 +84,6 @@ class _CountingConn:
         self.sent += len(data)
 
 
-def _make_input(properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> Any:
-    """An ``Input`` of the family the handler expects (djl_python's inside DJL Serving)."""
-    from djl_handlers.io.compat import io_classes
-
-    item = io_classes()[0]()
-    item.properties = properties
-    for key, value in content:
-        item.content.add(key=key, value=bytearray(value))
-    item.function_name = properties.get("handler")
-    return item
-
-
 def _send(conn: socket.socket, output: Any) -> None:
     """Send ``output``; a reply that fails before its first byte is replaced by an error reply."""
     counting = _CountingConn(conn)
@@ -106,8 +95,7 @@ def _send(conn: socket.socket, output: Any) -> None:
         if counting.sent:
             raise
         _LOG.exception("cannot encode the handler's Output")
-        body = {"code": 424, "message": "prediction failure",
-                "error": f"cannot encode the handler's Output: {message_of(exc)}"}
+        body = output_error_body(424, f"cannot encode the handler's Output: {message_of(exc)}")
         conn.sendall(wire.encode_output_frame(
             424, "prediction failure", {"content-type": "application/json"},
             [(None, json.dumps(body).encode("utf-8"))]))
@@ -122,7 +110,7 @@ def serve_connection(conn: socket.socket, service: HandlerService, extra: dict[s
         except EOFError:
             return
         properties.update(extra)
-        inputs = _make_input(properties, content)
+        inputs = input_from_frame(properties, content)
         output = service.invoke(inputs)
         _send(conn, output)
         finalize = getattr(output, "execute_finalize", None)

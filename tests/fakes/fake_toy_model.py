@@ -4,12 +4,15 @@ Vocabulary: id 0 is ``</s>`` (eos); ids 1..N-1 are words. The tokenizer splits o
 (unknown words map to a stable id) and decodes every word with a leading space, like a
 SentencePiece tokenizer does. The model continues with ``next = (last + 1) % N``, so a prompt
 ending in "Deep" produces " learning is a really cool field ..." and reaches ``</s>`` after
-the word "people". Log-probabilities are a fixed function of the token id.
+the word "people". When the engine's sampling parameters ask for sampling, each token is drawn
+from a ``random.Random`` seeded with the request's seed instead. Log-probabilities are a fixed function of the token id.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from typing import Optional
 
 VOCAB: tuple[str, ...] = (
     "</s>",
@@ -59,8 +62,11 @@ class ToyTokenizer:
         return len(VOCAB)
 
 
-def next_token(last: int) -> int:
-    """The toy model: the id after ``last``, wrapping to eos."""
+def next_token(last: int, rng: Optional[random.Random] = None) -> int:
+    """The toy model: the id after ``last``, wrapping to eos (greedy); with ``rng`` (the engine
+    samples) any word id drawn from it instead, so sampling is visible in the text."""
+    if rng is not None:
+        return rng.randrange(1, len(VOCAB))
     return (last + 1) % len(VOCAB)
 
 

@@ -1,4 +1,4 @@
-"""Pytest helpers to run model directories on DJL's real Java code (see djl_handlers.djl_server).
+"""Pytest helpers to run model directories on DJL Serving's real ModelServer (tests/djl_serving/djl_server.py).
 
 Use in a test module::
 
@@ -10,22 +10,30 @@ Use in a test module::
         server = djl_server(MODELS / "echo", OPTION_FOO="bar")
         httpx.post(server.url + "/invocations", json={...})
 
-``djl_server(model_dir, **env)`` starts at most one server per (model dir, env) for the whole
-test session and stops every one of them (whole process group) when the session ends.
+``djl_server(model_dir, **env)`` returns a started ModelServer for (model dir, env), reusing the
+last one when the key is the same; at most one is alive at a time (a JVM and a Python worker on a
+small shared machine), the previous one is stopped (whole process group) when another is asked
+for, and the last one when the session ends.
 """
 
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from djl_handlers.djl_server import DjlServer, DjlServerError, find_lib
-
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "tests" / "djl_serving" / "models"
+DJL_SERVING = ROOT / "tests" / "djl_serving"
+MODELS = DJL_SERVING / "models"
+if str(DJL_SERVING) not in sys.path:  # djl_server.py is a test tool, not part of the package
+    sys.path.insert(0, str(DJL_SERVING))
+
+from djl_server import DjlServer, DjlServerError, find_lib, free_port  # noqa: E402
+
+__all__ = ["DjlServer", "DjlServerError", "free_port", "djl_skip_reason", "requires_djl", "djl_server_fixture"]
 
 DjlServerFactory = Callable[..., DjlServer]
 
@@ -45,26 +53,25 @@ requires_djl = pytest.mark.skipif(djl_skip_reason() is not None, reason=djl_skip
 
 
 class _Servers:
-    """Session cache of started servers, keyed by model dir and extra environment."""
+    """The one live server of the session, keyed by model dir and extra environment."""
 
     def __init__(self) -> None:
-        self._servers: dict[tuple[str, tuple[tuple[str, str], ...]], DjlServer] = {}
+        self._key: tuple[str, tuple[tuple[str, str], ...]] | None = None
+        self._server: DjlServer | None = None
 
     def get(self, model_dir: Path | str, **env: str) -> DjlServer:
         key = (str(Path(model_dir).resolve()), tuple(sorted(env.items())))
-        server = self._servers.get(key)
-        if server is not None and server.alive():
-            return server
-        if server is not None:
-            server.stop()
-        server = DjlServer(model_dir, env=env).start()
-        self._servers[key] = server
-        return server
+        if key == self._key and self._server is not None and self._server.alive():
+            return self._server
+        self.stop_all()
+        self._server = DjlServer(model_dir, env=env).start()
+        self._key = key
+        return self._server
 
     def stop_all(self) -> None:
-        for server in self._servers.values():
-            server.stop()
-        self._servers.clear()
+        if self._server is not None:
+            self._server.stop()
+        self._server, self._key = None, None
 
 
 @pytest.fixture(scope="session", name="djl_server")

@@ -1,11 +1,12 @@
-"""The same model directories on DJL's real Python engine and on ``djl-handlers serve``.
+"""The same model directories on DJL Serving's real ModelServer and on ``djl-handlers serve``.
 
 Part 1 (black box): every case of ``compat_cases.py`` is sent to both servers and the status,
 Content-Type and body must match (bytes, or parsed JSON where ``docs/compatibility.md`` lists a
-deliberate byte difference). DJL side: ``DjlServer`` (DJL's ``PyEngine``/``PyProcess``/
-``RollingBatch`` from ``ai.djl.python:python`` under the test-only HTTP shim, see
-docs/djl-serving.md). Our side: ``djl-handlers serve DIR --port P`` as a subprocess. One pair of
-servers per model directory, started once and stopped before the next model's pair.
+deliberate byte difference). DJL side: ``DjlServer``, DJL Serving 0.34's real
+``ai.djl.serving.ModelServer`` (tests/djl_serving/djl_server.py, docs/djl-serving.md). Our side:
+``djl-handlers serve DIR --port P`` as a subprocess. One pair of servers per model directory,
+started once and stopped before the next model's pair. Cases in ``RESOLVER_PENDING`` are
+xfail(strict=False) until the package mirrors DJL's LmiConfigRecommender.
 
 Part 2 (handler level): identical Input frames read by DJL's own ``djl_python.inputs.Input`` and by
 ours go through ``djl_handlers.huggingface``'s service; given DJL's Input the handler must return
@@ -33,11 +34,20 @@ from types import ModuleType
 from typing import Any, Optional
 
 import pytest
-from compat_cases import CASES, DIFFERENCES, MODELS, Case, Reply, comparable, materialize, run_case
+from compat_cases import (
+    CASES,
+    DIFFERENCES,
+    MODELS,
+    RESOLVER_PENDING,
+    Case,
+    Reply,
+    comparable,
+    materialize,
+    run_case,
+)
 from conftest_models import embedded_dir, tiny_dir, tiny_model  # noqa: F401
-from djl_server_fixture import djl_skip_reason
+from djl_server_fixture import DjlServer, DjlServerError, djl_skip_reason, free_port
 
-from djl_handlers.djl_server import DjlServer, DjlServerError, free_port
 from djl_handlers.io import Input, Output, wire
 from djl_handlers.testing.sockets import received_input as _read
 from djl_handlers.testing.sockets import sent_bytes as _sent
@@ -238,6 +248,8 @@ def _params() -> list[Any]:
     params = []
     for case in CASES:
         marks: list[Any] = []
+        if case.id in RESOLVER_PENDING:
+            marks.append(pytest.mark.xfail(strict=False, reason=RESOLVER_PENDING[case.id]))
         params.append(pytest.param(case, id=case.id, marks=marks))
     return params
 
@@ -249,12 +261,13 @@ def check_semantics(case: Case, replies: list[Reply]) -> None:
         assert reply.status in case.expect_status, reply
         assert reply.content_type is not None
     first = replies[0]
-    if case.id == "rb-json-full-text-stop":
+    kind = case.id.replace("rbs-", "rb-", 1)
+    if kind == "rb-json-full-text-stop":
         body = json.loads(first.body)
         assert body["generated_text"].startswith("Deep learning is ")
         assert body["generated_text"].endswith(" Average")
         assert body["details"]["finish_reason"] == "stop_sequence"
-    elif case.id.startswith("rb-jsonlines"):
+    elif kind.startswith("rb-jsonlines"):
         lines = [json.loads(line) for line in first.body.decode().splitlines()]
         assert first.content_type == "application/jsonlines"
         assert "generated_text" in lines[-1] and all("token" in line for line in lines)
@@ -281,8 +294,8 @@ def test_greedy_text_matches_generate(pool: PairPool, tiny_model: Any) -> None: 
     with torch.inference_mode():
         out = model.generate(**ids, max_new_tokens=6, do_sample=False)
     expected = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
-    pair = pool.get("hf-tiny")
-    case = next(c for c in CASES if c.id == "rb-json")
+    pair = pool.get("hf-tiny-scheduler")
+    case = next(c for c in CASES if c.id == "rbs-json")
     for url in (pair.ours.url, pair.djl_url()):
         reply = run_case(url, case, seed_workaround=negative_seed_rejected())[0]
         assert json.loads(reply.body) == {"generated_text": expected}
@@ -290,7 +303,7 @@ def test_greedy_text_matches_generate(pool: PairPool, tiny_model: Any) -> None: 
 
 def test_rolling_request_without_seed_on_djl(pool: PairPool) -> None:
     """Requests that carry no seed (and text/plain ones, which cannot) must all succeed on DJL."""
-    pair = pool.get("hf-tiny")
+    pair = pool.get("hf-tiny-scheduler")
     from compat_cases import Call, send
 
     statuses = [

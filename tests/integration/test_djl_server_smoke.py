@@ -1,4 +1,4 @@
-"""Smoke tests of the DJL harness: echo models served by DJL's real Java code, offline.
+"""Smoke tests of the DJL harness: echo models served by DJL Serving's real ModelServer, offline.
 
 The facts asserted here are the ones docs/djl-serving.md records (init properties, batch key
 naming, status codes and bodies of errors, rolling-batch records). See djl_server_fixture.py.
@@ -89,7 +89,7 @@ def test_dynamic_batch_key_naming(djl_server: DjlServerFactory) -> None:
     for b in bodies:
         assert b["batch_size"] == 2
         assert b["raw_content_keys"] == ["batch_000.data", "batch_001.data"]
-        assert "batch_000.content-type" in b["raw_property_keys"]
+        assert "batch_000.Content-Type" in b["raw_property_keys"]  # header names as the client sent them
         assert "batch_size" in b["raw_property_keys"] and "handler" in b["raw_property_keys"]
         assert "handler" not in b["properties"]  # unprefixed keys do not reach the items
     assert all(r.headers["x-echo-items"] == "2" for r in responses)  # Output props go to every item
@@ -140,7 +140,7 @@ def test_rolling_batch_first_step(djl_server: DjlServerFactory) -> None:
     assert first_line["init"]["rolling_batch"] == "auto"
     assert first_line["init"]["max_rolling_batch_size"] == "4"
     assert first_line["content_keys"] == ["data", "seed"]  # seed travels on the first step only
-    assert first_line["first"]["content-type"] == "application/json"
+    assert first_line["first"]["Content-Type"] == "application/json"  # Netty keeps the client's header case
     assert resp.text.endswith("b")
 
 

@@ -63,6 +63,17 @@ def _expect_error(req: DriverRequest, code: int, needle: str, label: str) -> Pro
     return []
 
 
+def _expect_stream_error(req: DriverRequest, code: int, needle: str, lines: int) -> Problems:
+    """A jsonlines stream that failed after ``lines`` token lines: those, then one closing line
+    carrying ``error`` and ``code`` (no error record: the status was already 200)."""
+    if not req.done or req.code is not None or len(req.chunks) != lines + 1:
+        return [f"failing stream: expected {lines} lines then an error line, got {req.code} {req.chunks!r}"]
+    last = json.loads(req.chunks[-1])
+    if last.get("code") != code or needle not in str(last.get("error")):
+        return [f"failing stream: last line {req.chunks[-1]!r}"]
+    return []
+
+
 def _expect_idle(driver: RollingBatchDriver, engine: FakeEngine) -> Problems:
     problems = []
     if driver.active:
@@ -93,10 +104,10 @@ def fail_one(at: int, position: int, stream: bool) -> Problems:
         reqs.append(_submit(driver, prompt, 6, stream=stream and i == position))
     problems = _run(driver)
     for i, req in enumerate(reqs):
-        if i == position:
+        if i == position and stream and at > 1:  # data was sent: the error is the stream's last line
+            problems += _expect_stream_error(req, 424, f"fake failure at token {at}", at - 1)
+        elif i == position:
             problems += _expect_error(req, 424, f"fake failure at token {at}", "failing request")
-            if stream and len(req.chunks) != at - 1:
-                problems.append(f"failing stream sent {len(req.chunks)} lines before the error, not {at - 1}")
         else:
             problems += _expect_text(req, 6, f"neighbour {i}")
     return problems + _expect_idle(driver, engine)

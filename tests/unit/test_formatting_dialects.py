@@ -8,10 +8,6 @@ from typing import Any, Optional
 import pytest
 
 from djl_handlers.formatting import (
-    dynamic_batch_body,
-    dynamic_batch_json,
-    dynamic_stream_error_line,
-    dynamic_stream_line,
     get_formatter,
 )
 from djl_handlers.params.generation import GenerationParameters
@@ -65,13 +61,14 @@ def test_tgi_non_stream_is_list_wrapped_with_tgi_details() -> None:
     assert details["tokens"][0] == {"id": 10, "text": "Bon", "logprob": -0.5, "special": False}
 
 
-def test_tgi_seed_is_client_seed_else_null_when_greedy() -> None:
-    out = make_output(details=True, seed=7)
-    out.request.seed = 99
+def test_tgi_seed_is_the_resolved_seed_and_null_when_greedy() -> None:
+    out = make_output(details=True, seed=7, do_sample=True, request_seed=7)
     assert json.loads(body_of("tgi", out, [TOKS]))[0]["details"]["seed"] == 7
-    greedy = make_output(details=True)
+    greedy = make_output(details=True, seed=7)  # a client seed does not make greedy decoding seeded
     greedy.request.seed = 99
     assert json.loads(body_of("tgi", greedy, [TOKS]))[0]["details"]["seed"] is None
+    zero = make_output(details=True, do_sample=True, temperature=0.0, request_seed=5)
+    assert json.loads(body_of("tgi", zero, [TOKS]))[0]["details"]["seed"] is None
 
 
 def test_tgi_stream_events_index_and_closing_fields() -> None:
@@ -236,18 +233,3 @@ def test_3p_error_shape() -> None:
 # --------------------------------------------------------------------------- dynamic batch
 
 
-def test_dynamic_batch_body_seed_shape() -> None:
-    body = dynamic_batch_body(["Deep Learning is fun", "Oranges peel"])
-    assert body == [{"generated_text": "Deep Learning is fun"}, {"generated_text": "Oranges peel"}]
-    assert list(body[0]) == ["generated_text"]
-
-
-def test_dynamic_batch_json_bytes_match_djl_add_as_json() -> None:
-    assert dynamic_batch_json(["é"]) == '[\n  {\n    "generated_text":"é"\n  }\n]'
-
-
-def test_dynamic_stream_lines_seed_shape() -> None:
-    assert dynamic_stream_line(["This"]) == '{"outputs": ["This"]}\n'
-    assert dynamic_stream_line(["a", "ü"]) == '{"outputs": ["a", "ü"]}\n'
-    assert dynamic_stream_error_line("oops") == '{"error_msg": "oops"}\n'
-    assert json.loads(dynamic_stream_error_line(" "))["error_msg"]

@@ -12,7 +12,7 @@ import pytest
 
 from djl_handlers.errors import InvalidParameter
 from djl_handlers.params import GenerationParameters, to_deepspeed, to_hf, to_trtllm, to_vllm, translate
-from djl_handlers.params.translate import ENGINES, SUPPORT, known_parameters, supported_parameters
+from djl_handlers.params.translate import ENGINES, SUPPORT, is_sampling, known_parameters, supported_parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 gp = GenerationParameters.from_dict
@@ -51,6 +51,44 @@ def test_to_hf_sampling() -> None:
 def test_to_hf_top_k_minus_one_and_zero_temperature() -> None:
     assert to_hf(gp({"do_sample": True, "top_k": -1}))["top_k"] == 0
     assert to_hf(gp({"do_sample": True, "temperature": 0}))["do_sample"] is False
+
+
+@pytest.mark.parametrize(
+    ("params", "engine", "expected"),
+    [
+        ({}, "huggingface", False),
+        ({"do_sample": True}, "huggingface", True),
+        ({"do_sample": True, "temperature": 0}, "huggingface", False),
+        ({"do_sample": True, "temperature": 0}, "vllm", False),
+        ({"do_sample": True, "temperature": 0}, "tensorrt_llm", False),
+        ({"do_sample": False, "temperature": 0.5}, "vllm", False),
+        ({"do_sample": True, "temperature": 0.5}, "tensorrt_llm", True),
+    ],
+)
+def test_one_greedy_rule(params: dict, engine: str, expected: bool) -> None:
+    assert is_sampling(gp(params, engine)) is expected
+
+
+def test_temperature_zero_is_greedy_in_every_translation() -> None:
+    zero = {"do_sample": True, "temperature": 0, "top_k": 5}
+    assert to_hf(gp(zero))["do_sample"] is False and "temperature" not in to_hf(gp(zero))
+    assert to_deepspeed(gp(zero, "deepspeed"))["do_sample"] is False
+    assert to_vllm(gp(zero, "vllm"))["temperature"] == 0.0
+    trt = to_trtllm(gp(zero, "tensorrt_llm"))
+    assert "temperature" not in trt and (trt["top_k"], trt["top_p"]) == (1, 0.0)
+    sampling = load_fake("tensorrt_llm").SamplingParams(**trt)
+    assert sampling._greedy_decoding  # the LLM API's own greedy test
+
+
+def test_support_table_is_its_own_module() -> None:
+    from djl_handlers.params import support
+
+    assert SUPPORT is support.SUPPORT and ENGINES == support.ENGINES
+    for name in ("generation.py", "translate.py"):
+        text = (ROOT / "djl_handlers" / "params" / name).read_text()
+        other = "translate" if name == "generation.py" else "generation"
+        runtime = text.split("if TYPE_CHECKING:")[0]
+        assert f"djl_handlers.params.{other} import" not in runtime, name
 
 
 def test_to_deepspeed_matches_hf() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from djl_handlers.engines.fake_engine import REPLY, FakeEngine
 from djl_handlers.io import Input
 from djl_handlers.service import InferenceService
@@ -101,6 +103,50 @@ def test_tgi_watermark_rejected() -> None:
     req = driver.submit(json_request(body, **{"X-Djl-Handlers-Api": "tgi"}))
     driver.run()
     assert req.code == 400 and "watermark" in (req.error or "")
+
+
+def test_tgi_temperature_zero_is_422_as_tgi() -> None:
+    driver = driver_for(FakeEngine())
+    body = {"inputs": "x", "parameters": {"do_sample": True, "temperature": 0}}
+    req = driver.submit(json_request(body, **{"X-Djl-Handlers-Api": "tgi"}))
+    lmi = driver.submit(json_request(body))  # the LMI schema: temperature 0 is greedy
+    driver.run()
+    assert req.code == 422 and req.error == "`temperature` must be strictly positive"
+    assert lmi.code is None and json.loads(lmi.text)["generated_text"] == REPLY[:30]
+
+
+@pytest.mark.parametrize(
+    ("params", "server_seed", "expected"),
+    [
+        ({}, 99, None),  # greedy: the front end's seed is not used
+        ({"seed": 5}, 99, 5),  # greedy keeps the client's value (asks nothing)
+        ({"do_sample": True, "seed": 5}, 99, 5),
+        ({"do_sample": True}, 99, 99),
+        ({"do_sample": True, "temperature": 0}, 99, None),
+    ],
+)
+def test_resolve_seed(params: dict[str, Any], server_seed: int, expected: Any) -> None:
+    from djl_handlers.params.generation import GenerationParameters
+    from djl_handlers.request.parser import resolve_seed
+
+    assert resolve_seed(GenerationParameters.from_dict(params), server_seed) == expected
+
+
+def test_request_seed_is_resolved_once() -> None:
+    from djl_handlers.request.parser import ParserSettings, parse_request
+
+    def parse(params: dict[str, Any]) -> Any:
+        body = json.dumps({"inputs": "a", "parameters": params}).encode()
+        return parse_request(Input.from_parts({}, [("data", body), ("seed", b"-3")]), ParserSettings())
+
+    greedy = parse({})
+    assert greedy.seed is None and greedy.params.seed is None
+    sampled = parse({"do_sample": True})
+    assert sampled.seed == sampled.params.seed == (-3) % (1 << 32)
+    random_seed = parse_request(
+        Input.from_parts({}, [("data", b'{"inputs": "a", "parameters": {"do_sample": true}}')]), ParserSettings()
+    )
+    assert random_seed.seed is not None and random_seed.seed == random_seed.params.seed
 
 
 def _dynamic_input(bodies: list[Any]) -> Input:

@@ -38,7 +38,8 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
 def make_engine(options: dict[str, str] | None = None, engine: str = "vllm") -> Any:
     from djl_handlers.engines.vllm_engine import LmiDistEngine, VllmEngine
 
-    config = ServingConfig.from_properties({"model_id": "toy", "rolling_batch": "auto", **(options or {})}, engine=engine)
+    options = {"model_id": "toy", "rolling_batch": "auto", **(options or {})}
+    config = ServingConfig.from_properties(options, engine=engine)
     cls = LmiDistEngine if engine == "lmi-dist" else VllmEngine
     return cls.from_config(config)
 
@@ -207,7 +208,7 @@ def test_invalid_value_for_vllm_is_invalid_parameter(fake_vllm: Any, monkeypatch
 
 
 def test_key_unknown_to_the_installed_vllm(fake_vllm: Any) -> None:
-    from djl_handlers.engines.vllm_engine import fit_kwargs
+    from djl_handlers.engines.adapters import fit_kwargs
 
     assert fit_kwargs(fake_vllm.SamplingParams, {"best_of": None, "n": 1}, "vllm") == {"n": 1}
     with pytest.raises(InvalidParameter, match="best_of=2 is not supported by the installed vllm") as info:

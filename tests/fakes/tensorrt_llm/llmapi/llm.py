@@ -14,6 +14,7 @@ Fake-only knobs: ``iteration_s`` (seconds per engine iteration), ``submitted`` (
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 from types import SimpleNamespace
@@ -49,12 +50,16 @@ class RequestOutput(GenerationResult):
 class _Active:
     """Executor-side state of one request."""
 
-    __slots__ = ("result", "params", "last", "tokens", "sent")
+    __slots__ = ("result", "params", "last", "tokens", "sent", "rng")
 
     def __init__(self, result: RequestOutput, params: SamplingParams, last: int) -> None:
         self.result, self.params, self.last = result, params, last
         self.tokens: list[int] = []
         self.sent = 0
+        # The toy samples unless top_k is 0/1 and top_p is 0 (the runtime's greedy switch); it
+        # looks at no other field.
+        greedy = (params.top_k or 0) <= 1 and not (params.top_p or 0.0)
+        self.rng = None if greedy else random.Random(params.seed)
 
 
 class LLM:
@@ -170,7 +175,7 @@ class LLM:
     def _iterate(self, act: _Active) -> bool:
         """One in-flight-batching iteration for one request; returns True when it finished."""
         params = act.params
-        tok = next_token(act.last)
+        tok = next_token(act.last, act.rng)
         act.last = tok
         past_min = len(act.tokens) + 1 >= (params.min_tokens or 1)
         if tok == params.end_id and not params.ignore_eos and past_min:

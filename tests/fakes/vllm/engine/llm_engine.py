@@ -22,6 +22,7 @@ request per step) and the inspection lists ``added``/``aborted``.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -29,7 +30,7 @@ from vllm._toy import EOS_ID, ToyTokenizer, next_token, token_logprob
 from vllm.engine.arg_utils import EngineArgs
 from vllm.logprobs import Logprob
 from vllm.outputs import CompletionOutput, RequestOutput
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import _SAMPLING_EPS, RequestOutputKind, SamplingParams
 
 
 @dataclass
@@ -54,6 +55,7 @@ class _Seq:
     sent_tokens: int = 0
     finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None
+    rng: Optional[random.Random] = None  # set when the params sample (temperature > 0)
 
 
 class LLMEngine:
@@ -115,7 +117,10 @@ class LLMEngine:
                 f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
                 f"of {self.model_config.max_model_len}."
             )
-        self._seqs[request_id] = _Seq(request_id, text, ids, params)
+        seq = _Seq(request_id, text, ids, params)
+        if params.temperature >= _SAMPLING_EPS:  # vLLM: temperature 0 is greedy
+            seq.rng = random.Random(params.seed)
+        self._seqs[request_id] = seq
         self.added[request_id] = params
 
     def _prompt(self, prompt: Any) -> tuple[Optional[str], list[int]]:
@@ -150,7 +155,7 @@ class LLMEngine:
     def _advance(self, seq: _Seq) -> None:
         params = seq.params
         last = seq.token_ids[-1] if seq.token_ids else seq.prompt_ids[-1]
-        tok = next_token(last)
+        tok = next_token(last, seq.rng)
         seq.token_ids.append(tok)
         seq.logprobs.append({tok: Logprob(token_logprob(tok), 1, self.tokenizer.decode([tok], False))})
         seq.text = self.tokenizer.decode(seq.token_ids, params.skip_special_tokens)

@@ -1,0 +1,86 @@
+"""The parameter support table: which engine honours which generation parameter, and how.
+
+``SUPPORT[engine][parameter]`` is one of:
+
+* ``"native"`` — passed to the engine library by that engine's ``to_*`` translation
+  (:mod:`djl_handlers.params.translate`);
+* ``"emulated"`` — implemented by djl_handlers itself (scheduler, detokenizer, formatter,
+  prompt truncation) for that engine, read straight from the parameters object;
+* ``"unsupported"`` — rejected when strict (see ``docs/parameters.md``), unless the value equals
+  the default (it then asks for nothing).
+
+This module is a leaf: both ``generation`` (validation) and ``translate`` (the ``to_*``
+functions) import it, and neither imports the other at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from djl_handlers.config.engines import ENGINES, canonical_engine
+
+NATIVE = "native"
+EMULATED = "emulated"
+UNSUPPORTED = "unsupported"
+
+# parameter -> status letters for ENGINES in order (N native, E emulated, U unsupported).
+_TABLE: Mapping[str, str] = {
+    "do_sample": "NNEEE",
+    "seed": "NNNNN",
+    "temperature": "NNNNN",
+    "repetition_penalty": "NNNNN",
+    "top_k": "NNNNN",
+    "top_p": "NNNNN",
+    "max_new_tokens": "NNNNN",
+    "details": "EEEEE",
+    "return_full_text": "EEEEE",
+    "stop_sequences": "EENNN",
+    "typical_p": "NNUUU",
+    "truncate": "EEEEE",
+    "ignore_eos_token": "EENNN",
+    "min_p": "UUNNN",
+    "presence_penalty": "UUNNN",
+    "frequency_penalty": "UUNNN",
+    "num_beams": "UUUUU",
+    "length_penalty": "UUNUU",
+    "early_stopping": "UUUUU",
+    "stop_token_ids": "UUNNN",
+    "include_stop_str_in_output": "EENNN",
+    "logprobs": "UUNNN",
+    "prompt_logprobs": "UUNNN",
+    "skip_special_tokens": "EENNN",
+    "spaces_between_special_tokens": "UUNNN",
+    "min_length": "UUNUU",
+    "bad_sequences": "UUNNN",
+    "decoder_input_details": "NNUUU",  # the vLLM adapter does not report prompt/top log-probs yet
+    "top_n_tokens": "NNUUU",
+    "best_of": "UUUUU",
+    "n": "UUUUU",
+    "min_new_tokens": "NNNNN",
+}
+_STATUS = {"N": NATIVE, "E": EMULATED, "U": UNSUPPORTED}
+
+SUPPORT: dict[str, dict[str, str]] = {
+    engine: {name: _STATUS[row[i]] for name, row in _TABLE.items()}
+    for i, engine in enumerate(ENGINES)
+}
+
+
+
+def normalize_engine(engine: str) -> str:
+    """Canonical engine name; ``ValueError`` for an engine that does not exist (a bug, not input)."""
+    name = canonical_engine(engine)
+    if name is None:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {list(ENGINES)}")
+    return name
+
+
+def supported_parameters(engine: str) -> frozenset[str]:
+    """Parameters the engine honours (natively or emulated)."""
+    row = SUPPORT[normalize_engine(engine)]
+    return frozenset(name for name, status in row.items() if status != UNSUPPORTED)
+
+
+def known_parameters() -> frozenset[str]:
+    """Every parameter name in the table (known to at least one engine)."""
+    return frozenset(_TABLE)

@@ -1,0 +1,145 @@
+"""Every CPU recipe of ``serving.properties.examples/`` served by DJL Serving's real ModelServer.
+
+Each example directory is copied unchanged to a temporary folder and started with
+``DjlServer`` (tests/djl_serving/djl_server.py); the requests are the ones the examples' README
+and comments document, and the answers must have the LMI shape the example promises (rolling
+batch: one JSON object or token lines; dynamic batch: a list; TGI: list-wrapped JSON and SSE;
+custom model.py: its own shape). One ModelServer at a time, each stopped before the next.
+``vllm`` runs only where ``.venv-vllm`` exists (its interpreter becomes the worker's Python);
+``lmi-dist`` and ``trtllm`` need a GPU container layout (/opt/ml/model) and are not run here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import httpx
+import pytest
+from conftest_models import embedded_dir  # noqa: F401
+from djl_server_fixture import DjlServer, djl_skip_reason
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "serving.properties.examples"
+VLLM_PYTHON = Path(os.environ.get("DJL_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python")))
+PROMPT = {"inputs": "Deep learning is", "parameters": {"max_new_tokens": 16}}
+
+pytestmark = [pytest.mark.djl, pytest.mark.slow]
+
+
+def _post(server: DjlServer, body: Any, path: str = "/invocations") -> httpx.Response:
+    resp = httpx.post(server.url + path, json=body, timeout=300)
+    assert resp.status_code == 200, resp.text
+    return resp
+
+
+def _lines(resp: httpx.Response) -> list[Any]:
+    return [json.loads(line) for line in resp.text.splitlines() if line.strip()]
+
+
+def _rolling(server: DjlServer) -> None:
+    body = _post(server, PROMPT).json()
+    assert set(body) == {"generated_text"} and body["generated_text"].strip()
+    details = _post(server, {**PROMPT, "parameters": {"max_new_tokens": 4, "details": True}}).json()
+    assert details["details"]["finish_reason"] == "length" and details["details"]["generated_tokens"] == 4
+    stream = _post(server, {**PROMPT, "stream": True})
+    assert stream.headers["content-type"].startswith("application/jsonlines")
+    lines = _lines(stream)
+    assert all("token" in line for line in lines) and len(lines) == 16
+    assert lines[-1]["generated_text"] == "".join(line["token"]["text"] for line in lines)
+
+
+def _dynamic(server: DjlServer) -> None:
+    body = _post(server, {"inputs": ["Deep learning is", "The capital of France is"],
+                          "parameters": {"max_new_tokens": 8}}).json()
+    assert [sorted(item) for item in body] == [["generated_text"], ["generated_text"]]
+    single = _post(server, PROMPT).json()
+    assert isinstance(single, list) and len(single) == 1 and single[0]["generated_text"].strip()
+
+
+def _dynamic_streaming(server: DjlServer) -> None:
+    resp = _post(server, {"inputs": ["Deep learning is", "Hello"], "parameters": {"max_new_tokens": 6}})
+    assert resp.headers["content-type"].startswith("application/jsonlines")
+    lines = _lines(resp)
+    assert len(lines) == 6 and all(len(line["outputs"]) == 2 for line in lines)
+
+
+def _custom(server: DjlServer) -> None:
+    body = _post(server, {"question": "What is the capital of France?"}).json()
+    assert set(body) == {"answer", "tokens"}
+    assert "Paris" in body["answer"] and 0 < body["tokens"] <= 24
+    lmi = _post(server, {"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4}}).json()
+    assert set(lmi) == {"answer", "tokens"} and lmi["tokens"] == 4
+
+
+def _openai_tgi(server: DjlServer) -> None:
+    body = _post(server, PROMPT).json()
+    assert isinstance(body, list) and set(body[0]) == {"generated_text"}
+    stream = _post(server, {**PROMPT, "stream": True})
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    events = [json.loads(line[5:]) for line in stream.text.splitlines() if line.startswith("data:")]
+    assert events and all("token" in e for e in events) and events[-1]["generated_text"]
+    chat = _post(server, {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}).json()
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["completion_tokens"] <= 8
+    completion = _post(server, {"prompt": "Deep learning is", "max_tokens": 5}).json()
+    assert completion["object"] == "text_completion" and completion["choices"][0]["text"]
+
+
+def _vllm(server: DjlServer) -> None:
+    _rolling(server)
+
+
+Check = Callable[[DjlServer], None]
+EXAMPLE_CHECKS: dict[str, Check] = {
+    "hf-rolling-batch": _rolling,
+    "hf-dynamic-batch": _dynamic,
+    "hf-dynamic-batch-streaming": _dynamic_streaming,
+    "custom-model-py": _custom,
+    "openai-tgi": _openai_tgi,
+    "deepspeed": _rolling,
+    "vllm": _vllm,
+}
+
+
+def _skip_reason(name: str) -> Optional[str]:
+    if name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (djl_handlers[deepspeed])"
+    if name == "vllm" and not VLLM_PYTHON.is_file():
+        return f"no vLLM interpreter at {VLLM_PYTHON} (make setup-vllm, or set DJL_VLLM_PYTHON)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def djl_ready(embedded_dir: Path) -> Iterator[None]:  # noqa: F811 - the embedded model must be converted
+    reason = djl_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    yield
+
+
+@pytest.mark.parametrize("name", list(EXAMPLE_CHECKS))
+def test_example_on_djl(djl_ready: None, tmp_path: Path, name: str) -> None:
+    reason = _skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    model_dir = shutil.copytree(EXAMPLES / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    python = str(VLLM_PYTHON) if name == "vllm" else None
+    with DjlServer(model_dir, python=python, startup_timeout=300) as server:
+        try:
+            EXAMPLE_CHECKS[name](server)
+        except BaseException:
+            print(server.log_tail(80))
+            raise
+
+
+def test_every_cpu_example_is_checked() -> None:
+    """A new example directory must be added here (or listed as GPU-only)."""
+    gpu_only = {"lmi-dist", "trtllm"}
+    names = {p.name for p in EXAMPLES.iterdir() if (p / "serving.properties").is_file()}
+    assert names == set(EXAMPLE_CHECKS) | gpu_only
