@@ -202,7 +202,9 @@ def model_dirs(tmp: Path, which: str) -> dict[str, tuple[Path, int]]:
     if which in ("fake", "both"):
         fake = tmp / "fake_lmi"
         shutil.copytree(FAKE_DIR, fake)
+        # no step delay; scheduler, not auto, so that DJL's ModelServer runs its rolling-batch loop too
         props = (fake / "serving.properties").read_text().replace("option.fake_step_delay=0.002", "")
+        props = props.replace("option.rolling_batch=auto", "option.rolling_batch=scheduler")
         (fake / "serving.properties").write_text(props + "\nminWorkers=1\nmaxWorkers=1\n")
         dirs["fake engine (front-end overhead)"] = (fake, 16)
     if which in ("embedded", "both"):
