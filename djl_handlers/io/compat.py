@@ -16,15 +16,28 @@ __all__ = ["djl_python_classes", "io_classes", "is_djl_python_object", "new_outp
 _DJL_PACKAGE = "djl_python"
 
 
+# (sys.path, whether sys.modules names djl_python) when importing it last failed: the worker asks once
+# per request frame, and Python does not cache a failed import (it stats the path every time: ~10 %
+# of a fake-engine step's worker time).
+_absent_on: tuple[tuple[str, ...], bool] | None = None
+
+
 def djl_python_classes() -> tuple[type, type] | None:
     """``(djl_python.inputs.Input, djl_python.outputs.Output)`` when importable, else ``None``."""
+    global _absent_on
+    inputs = sys.modules.get(f"{_DJL_PACKAGE}.inputs")
+    outputs = sys.modules.get(f"{_DJL_PACKAGE}.outputs")
     try:
-        inputs = sys.modules.get(f"{_DJL_PACKAGE}.inputs") or importlib.import_module(
-            f"{_DJL_PACKAGE}.inputs"
-        )
-        outputs = sys.modules.get(f"{_DJL_PACKAGE}.outputs") or importlib.import_module(
-            f"{_DJL_PACKAGE}.outputs"
-        )
+        if inputs is None or outputs is None:
+            path = (tuple(sys.path), _DJL_PACKAGE in sys.modules)
+            if path == _absent_on:
+                return None
+            try:
+                inputs = inputs or importlib.import_module(f"{_DJL_PACKAGE}.inputs")
+                outputs = outputs or importlib.import_module(f"{_DJL_PACKAGE}.outputs")
+            except ImportError:
+                _absent_on = path
+                raise
         input_cls = inputs.Input
         output_cls = outputs.Output
     except (ImportError, AttributeError):

@@ -83,3 +83,19 @@ def test_importing_io_does_not_import_djl_python(fake_djl_python: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake_djl_python), str(ROOT)])}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_failed_lookup_is_retried_once_djl_python_becomes_importable(
+        no_djl_python: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert compat.djl_python_classes() is None
+    assert compat.djl_python_classes() is None  # answered from the remembered miss
+    monkeypatch.delitem(sys.modules, "djl_python")
+    package = tmp_path / "djl_python"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "inputs.py").write_text("class Input:\n    pass\n")
+    (package / "outputs.py").write_text("class Output:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = compat.djl_python_classes()
+    assert found is not None and found[0].__module__ == "djl_python.inputs"
+    _drop_djl_modules()
