@@ -10,7 +10,8 @@ old httpx generator), each sending one streaming request after another for a fix
 measured to the first body byte. Bounded: ``duration`` s of submissions, then at most 60 s to drain.
 All fronts are started first, then every client count is run ``repeat`` times, the fronts alternated
 in order each round, so that the shared box's load drifts over all of them alike. Each row reports
-the generator's own CPU seconds and, for our server, the server's (front end + worker) CPU seconds.
+the generator's own CPU seconds and the server's (front end + worker: our process and its child, or
+DJL's JVM and its Python worker) CPU seconds.
 ``baseline=REV`` adds ``djl-handlers serve`` from git revision REV (``git archive``) as a front.
 """
 
@@ -276,7 +277,13 @@ def djl(model_dir: Path) -> Iterator[str]:
     from djl_server import DjlServer
 
     with DjlServer(model_dir) as server:
-        yield server.url
+        proc = getattr(server, "_proc", None)  # the JVM; DJL's Python worker is its child
+        if proc is not None:
+            _SERVER_PIDS[server.url] = proc.pid
+        try:
+            yield server.url
+        finally:
+            _SERVER_PIDS.pop(server.url, None)
 
 
 def in_process_handle(model_dir: Path) -> Any:
