@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
+from djl_handlers.adapters.management import AdapterManager, lora_disabled_output
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.errors import DjlHandlersError, error_body
 from djl_handlers.extensions import CANCEL_PROPERTY
@@ -39,6 +40,7 @@ class InferenceService:
         self.settings = ParserSettings(engine=engine_name)
         self.hooks = CustomHooks()
         self.streaming = False
+        self.lora: Optional[AdapterManager] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -61,6 +63,8 @@ class InferenceService:
         self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
         rolling = config.is_rolling
+        if config.lora.enable_lora:
+            self.lora = AdapterManager(self.engine, self._adapters_in_use)
         self.settings = ParserSettings(
             engine=config.params_engine,
             rolling_batch=rolling,
@@ -71,6 +75,7 @@ class InferenceService:
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
             chat_template=_chat_template(self.engine),
+            adapters=self.lora.registry if self.lora is not None else None,
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
@@ -122,7 +127,23 @@ class InferenceService:
         for index, (record, content_type) in enumerate(batch.step()):
             out.add(type(out).binary_encode(record), key="data", batch_index=index)
             out.add_property(f"batch_{index}_Content-Type", content_type)
+        if self.lora is not None:
+            self.lora.retire_unused()
         return out
+
+    # -- LoRA adapters (DJL calls these with the handler property) -------------------------------
+    def adapter_call(self, kind: str, inputs: Any) -> Any:
+        """``register``/``update``/``unregister`` an adapter (see :mod:`djl_handlers.adapters.management`)."""
+        if not self.initialized:
+            self.initialize(inputs.get_properties())
+        if self.lora is None:
+            return lora_disabled_output(inputs)
+        return getattr(self.lora, kind)(inputs)
+
+    def _adapters_in_use(self) -> list[Optional[str]]:
+        if self.rolling is None:
+            return []  # dynamic batches finish inside one call
+        return [name for slot in self.rolling.slots if not slot.finished for name in slot.request.adapters]
 
     def _parse(self, item: Any) -> Request:
         request = parse_request(item, self.settings)
@@ -191,3 +212,9 @@ class LazyService:
         if self._service is None:
             self._service = InferenceService(self.engine_name)
         return self._service.handle(inputs)
+
+    def adapter_call(self, kind: str, inputs: Any) -> Any:
+        """DJL's ``register_adapter``/``update_adapter``/``unregister_adapter`` (``kind`` without ``_adapter``)."""
+        if self._service is None:
+            self._service = InferenceService(self.engine_name)
+        return self._service.adapter_call(kind, inputs)

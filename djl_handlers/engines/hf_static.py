@@ -14,6 +14,8 @@ import torch
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
+from djl_handlers.engines.lora_hf import require_lora
+from djl_handlers.errors import message_of
 
 
 def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
@@ -32,6 +34,12 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
             msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {engine.max_model_len}"
             results[i] = [StepOutput(req.request_id, error=msg)]
             continue
+        if req.adapter:  # LoRA: rows of one generate() may use different adapters (engines.lora_hf)
+            try:
+                require_lora(engine).resolve(req.adapter)
+            except Exception as exc:  # noqa: BLE001 - this request's own error
+                results[i] = [StepOutput(req.request_id, error=message_of(exc))]
+                continue
         groups.setdefault(generate_key(req.params), []).append(i)
     with torch.inference_mode():
         for key, members in groups.items():
@@ -46,6 +54,8 @@ def _generate_group(engine: Any, batch: list[EngineRequest], kwargs: dict[str, A
     limits = [max(1, int(getattr(r.params, "max_new_tokens", 30) or 1)) for r in batch]
     pad = _pad_id(engine.tokenizer, engine.eos_token_ids)
     ids, mask = left_pad([r.prompt_ids for r in batch], pad)
+    if engine.lora is not None:
+        engine.lora.use([engine.lora.resolve(r.adapter) if r.adapter else None for r in batch])
     seed = kwargs.pop("seed", None)
     if seed is not None:
         torch.manual_seed(int(seed))

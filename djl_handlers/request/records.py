@@ -46,6 +46,7 @@ class Request:
     ``prompt`` is the text sent to the model (after chat templating, before truncation);
     ``inputs`` is what the client sent as ``inputs`` (reported in ``details.inputs``).
     ``output_formatter`` is a registered formatter name or a custom callable.
+    ``adapters``: the LoRA adapter of each prompt (None = base model); empty when none was named.
     """
 
     prompt: str
@@ -56,6 +57,11 @@ class Request:
     seed: Optional[int] = None
     properties: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    adapters: tuple[Optional[str], ...] = ()
+
+    def adapter_of(self, index: int = 0) -> Optional[str]:
+        """The adapter of prompt ``index`` (None: the base model)."""
+        return self.adapters[index] if index < len(self.adapters) else None
 
 
 @dataclass
