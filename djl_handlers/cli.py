@@ -123,6 +123,19 @@ def _serving_config(settings: Any) -> dict[str, Any] | None:
     return dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
 
 
+def _adapters(settings: Any) -> list[dict[str, Any]]:
+    """The LoRA adapters in the model directory's ``adapters/`` folder (registered at start)."""
+    from djl_handlers.server.adapters import startup_adapters
+
+    found = startup_adapters(settings.model_dir)
+    enabled = settings.options.get("enable_lora", "").strip().lower() in ("true", "1")
+    if found and not enabled:
+        print(f"djl-handlers: {len(found)} adapter(s) in adapters/ are ignored: option.enable_lora is not true",
+              file=sys.stderr)
+    return [dict(a.describe(), loadedAtStart=enabled,
+                 valid=(Path(a.src) / "adapter_config.json").is_file()) for a in found]
+
+
 def _check(model_dir: str) -> int:
     from djl_handlers.errors import message_of
     from djl_handlers.server.settings import load_settings
@@ -136,6 +149,7 @@ def _check(model_dir: str) -> int:
         if not callable(getattr(module, settings.handler, None)):
             raise AttributeError(f"entry point {settings.entry_point!r} has no function {settings.handler!r}")
         report["servingConfig"] = _serving_config(settings)
+        report["adapters"] = _adapters(settings)
     except Exception as exc:
         print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)
         return 1
