@@ -58,12 +58,12 @@ class LoraSet:
             self._load(spec)
 
     def _load(self, spec: AdapterSpec) -> LoraWeights:
+        weights = load_lora_weights(spec.name, spec.src, self.model, self.max_lora_rank)  # validates first
         if spec.name not in self.loaded and len(self.loaded) >= self.max_cpu_loras:
             raise AdapterLimit(
                 f"cannot load adapter {spec.label!r}: {len(self.loaded)} adapters are loaded "
                 f"({', '.join(sorted(self.loaded))}) and option.max_cpu_loras={self.max_cpu_loras}; "
                 "unregister one or raise option.max_cpu_loras", field="option.max_cpu_loras")
-        weights = load_lora_weights(spec.name, spec.src, self.model, self.max_lora_rank)
         for module_name in weights.layers:
             if module_name not in self._hooked:
                 module = self.model.get_submodule(module_name)
