@@ -93,12 +93,14 @@ def test_dynamic_batch_list_inputs_with_a_list_of_adapters(
         assert _call(service, "register", name, adapters[name]).code == 200
     body = {"inputs": PROMPTS[:3], "adapters": ROWS[:3], "parameters": {"max_new_tokens": N}}
     item = {"Content-Type": "application/json"}
-    batch = Input.from_parts({"batch_size": "2", **{f"batch_{i:03d}.{k}": v for i in range(2) for k, v in item.items()}},
+    props = {f"batch_{i:03d}.{k}": v for i in range(2) for k, v in item.items()}
+    batch = Input.from_parts({"batch_size": "2", **props},
                              [("batch_000.data", json.dumps(body).encode()),
                               ("batch_001.data", json.dumps({"inputs": "x", "adapters": "zzz"}).encode())])
     out = service.handle(batch)
     first = json.loads(bytes(out.content.value_at(0)))
-    assert [r["generated_text"] for r in first] == [expected[(p, a)] for p, a in zip(PROMPTS[:3], ROWS[:3], strict=True)]
+    want = [expected[(p, a)] for p, a in zip(PROMPTS[:3], ROWS[:3], strict=True)]
+    assert [r["generated_text"] for r in first] == want
     second = json.loads(bytes(out.content.value_at(1)))
     assert second["code"] == 404 and "'zzz'" in second["error"]  # the neighbour is unaffected
 
