@@ -40,9 +40,16 @@ ALIAS_HEADER = "X-Amzn-SageMaker-Adapter-Alias"
 _NOT_ALLOWED = "Requested method is not allowed, please refer to API document."
 
 
+_GSON_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "=": "\\u003d", "'": "\\u0027"}
+
+
 def _json(obj: Any, status: int = 200) -> Response:
-    """DJL's ``NettyUtils.sendJsonResponse``: pretty JSON (2 spaces) and a newline."""
-    return Response(json.dumps(obj, indent=2) + "\n", status_code=status, media_type="application/json")
+    """DJL's ``NettyUtils.sendJsonResponse``: Gson's pretty JSON (2 spaces, HTML characters escaped as
+    ``\\u0027`` etc., other characters as they are) and a newline."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    for char, escaped in _GSON_ESCAPES.items():
+        text = text.replace(char, escaped)
+    return Response(text + "\n", status_code=status, media_type="application/json")
 
 
 def _error(status: int, kind: str, message: str) -> Response:

@@ -111,6 +111,7 @@ def test_management_statuses_and_bodies_as_djl(tiny_server: Any) -> None:
                                   "message": "The parameter src is required"}
         bad = _register(client, name, "q", folders["a"].parent)  # not an adapter folder: the worker refuses
         assert bad.status_code == 400 and "adapter_config.json" in bad.json()["message"]
+        assert bad.json()["type"] == "BadRequestException" and "\\u0027" in bad.text  # Gson escapes ' as DJL does
         assert client.get(f"/models/{name}/adapters/q").status_code == 404
         assert client.get(f"/models/{name}/adapters/a").json() == {
             "name": "a", "src": str(folders["a"]), "preload": True, "pin": False}
