@@ -264,11 +264,11 @@ def adapter_routes(runtime: Any) -> list[Route]:
     """The management routes (with and without the ``/models/{model}`` prefix)."""
     ep = AdapterEndpoints(runtime)
     methods = ["GET", "POST", "PUT", "DELETE", "PATCH"]
-    routes = []
-    for prefix in ("/models/{model}", ""):
-        routes += [
-            Route(prefix + "/adapters", ep.collection, methods=methods),
-            Route(prefix + "/adapters/{name}", ep.item, methods=methods),
-            Route(prefix + "/adapters/{name}/update", ep.update, methods=methods),
-        ]
-    return routes
+    return [
+        Route("/models/{model}/adapters", ep.collection, methods=methods),
+        Route("/models/{model}/adapters/{name}", ep.item, methods=methods),
+        Route("/models/{model}/adapters/{name}/update", ep.update, methods=methods),
+        Route("/adapters", ep.collection, methods=methods),
+        Route("/adapters/{name}", ep.item, methods=methods),
+        Route("/adapters/{name}/update", ep.update, methods=methods),
+    ]
