@@ -4,8 +4,9 @@ Runs the HF engine (our continuous batching) on the embedded SmolLM2 fp32 with 8
 row generating ``--tokens`` tokens, in three modes side by side: ``base`` (no adapter), ``1 adapter``
 (every row uses the same adapter) and ``4 adapters`` (rows cycle through four). The adapters are
 random rank-16 PEFT LoRAs on every attention and MLP projection (made with peft in a tmp folder).
-Then one forward of a mixed 4-adapter batch (no cache) compares our per-row hooks
-(``engines/lora_hf.py``) with peft's own mixed-adapter inference (``adapter_names=...``).
+``4 adapters`` runs with both strategies of ``engines/lora_hf.py`` (``stacked``, the default, and
+``grouped``). Then one forward of a mixed 4-adapter batch (no cache) compares the two strategies
+with peft's own mixed-adapter inference (``adapter_names=...``).
 
 Prints tables and writes ``docs/benchmarks-lora.json``. Read the ratios, not the absolute tok/s:
 the box is shared (2 cores, other jobs running; the load average is recorded).
@@ -50,7 +51,8 @@ def _adapters(model: Any, root: Path) -> list[Path]:
             for i in range(4)]
 
 
-def _engine_run(model: Any, tok: Any, folders: list[Path], rows: int, mode: str, tokens: int) -> dict[str, Any]:
+def _engine_run(model: Any, tok: Any, folders: list[Path], rows: int, mode: str, tokens: int,
+                strategy: str = "stacked") -> dict[str, Any]:
     from djl_handlers.adapters.registry import AdapterSpec
     from djl_handlers.engines.base import EngineRequest
     from djl_handlers.engines.hf_engine import HFEngine
@@ -59,6 +61,7 @@ def _engine_run(model: Any, tok: Any, folders: list[Path], rows: int, mode: str,
 
     engine = HFEngine(model, tok, max_batch_size=rows, max_prefill_tokens=4096)
     lora = LoraSet(model, max_loras=4, max_lora_rank=16)
+    lora.strategy = strategy
     engine.lora = lora
     for i, folder in enumerate(folders):
         engine.load_adapter(AdapterSpec(f"l{i}", str(folder)))
@@ -79,7 +82,8 @@ def _engine_run(model: Any, tok: Any, folders: list[Path], rows: int, mode: str,
     wall, cpu_s = time.perf_counter() - started, time.process_time() - cpu
     lora.close()
     total = sum(counts)
-    return {"rows": rows, "mode": mode, "tokens": total, "wall_s": rnd(wall, 3), "tok_s": rnd(total / wall, 1),
+    return {"rows": rows, "mode": mode, "strategy": strategy if mode != "base" else "-",
+            "tokens": total, "wall_s": rnd(wall, 3), "tok_s": rnd(total / wall, 1),
             "tok_per_cpu_s": rnd(total / cpu_s, 1)}
 
 
@@ -103,6 +107,12 @@ def _forward_compare(model: Any, tok: Any, folders: list[Path], rows: int, repea
     peft_model.eval()
 
     def ours() -> Any:
+        lora.strategy = "stacked"
+        lora.use([lora.resolve(n) for n in names])
+        return ours_model(input_ids=ids).logits
+
+    def grouped() -> Any:
+        lora.strategy = "grouped"
         lora.use([lora.resolve(n) for n in names])
         return ours_model(input_ids=ids).logits
 
@@ -115,15 +125,17 @@ def _forward_compare(model: Any, tok: Any, folders: list[Path], rows: int, repea
 
     times: dict[str, float] = {}
     with torch.inference_mode():
-        same = bool(torch.allclose(ours(), peft(), atol=1e-4))
-        for label, fn in (("base", base), ("ours", ours), ("peft", peft)) * 1:
+        reference = peft()
+        same = bool(torch.allclose(ours(), reference, atol=1e-4) and torch.allclose(grouped(), reference, atol=1e-4))
+        for label, fn in (("base", base), ("ours", ours), ("grouped", grouped), ("peft", peft)):
             fn()
             start = time.perf_counter()
             for _ in range(repeats):
                 fn()
             times[label] = (time.perf_counter() - start) / repeats * 1000
     return {"rows": rows, "tokens_per_row": int(ids.shape[1]), "base_ms": rnd(times["base"], 1),
-            "ours_ms": rnd(times["ours"], 1), "peft_ms": rnd(times["peft"], 1),
+            "stacked_ms": rnd(times["ours"], 1), "grouped_ms": rnd(times["grouped"], 1),
+            "peft_ms": rnd(times["peft"], 1),
             "peft_vs_ours": rnd(times["peft"] / times["ours"], 2), "logits_equal": same}
 
 
@@ -131,11 +143,13 @@ def run_benchmark(tokens: int, which: str, repeats: int) -> dict[str, Any]:
     model, tok = _model(which)
     with tempfile.TemporaryDirectory(prefix="lora-bench-") as tmp:
         folders = _adapters(model, Path(tmp))
-        results = [_engine_run(model, tok, folders, rows, mode, tokens)
-                   for rows in (8, 32) for mode in ("base", "1 adapter", "4 adapters")]
+        results = [_engine_run(model, tok, folders, rows, mode, tokens, strategy)
+                   for rows in (8, 32)
+                   for mode, strategy in (("base", "stacked"), ("1 adapter", "stacked"), ("4 adapters", "stacked"),
+                                          ("4 adapters", "grouped"))]
         forward = [_forward_compare(model, tok, folders, rows, repeats) for rows in (8, 32)]
     for row in results:
-        base = next(r for r in results if r["rows"] == row["rows"] and r["mode"] == "base")
+        base = next(r for r in results if r["rows"] == row["rows"] and r["mode"] == "base")  # same rows, no adapter
         row["vs_base"] = rnd(row["tok_s"] / base["tok_s"], 2)
     return {"model": which, "tokens_per_row": tokens, "adapter_rank": 16, "targets": list(TARGETS),
             "engine": results, "forward": forward}
@@ -150,10 +164,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     setup_torch()
     started = context()
     report = run_benchmark(args.tokens, args.model, args.repeats)
-    print_table(report["engine"], ["rows", "mode", "tok_s", "vs_base", "tok_per_cpu_s", "tokens", "wall_s"],
+    print_table(report["engine"], ["rows", "mode", "strategy", "tok_s", "vs_base", "tok_per_cpu_s", "tokens", "wall_s"],
                 f"HF engine, {args.model}, {args.tokens} tokens/row, rank-16 adapters on all projections")
-    print_table(report["forward"], ["rows", "tokens_per_row", "base_ms", "ours_ms", "peft_ms", "peft_vs_ours",
-                                    "logits_equal"], "one forward, 4 adapters mixed: our hooks vs peft adapter_names")
+    print_table(report["forward"], ["rows", "tokens_per_row", "base_ms", "stacked_ms", "grouped_ms", "peft_ms",
+                                    "peft_vs_ours", "logits_equal"],
+                "one forward, 4 adapters mixed: our hooks (stacked, grouped) vs peft adapter_names")
     write_report("lora", report, False, started)
     return 0
 

@@ -2,11 +2,19 @@
 
 Every linear layer some loaded adapter targets gets one forward hook. Before each forward the
 engine calls :meth:`LoraSet.use` with one entry per batch row (a :class:`LoraWeights` or None for
-the base model); the hook then adds ``(x[rows] @ A^T) @ (scale * B^T)`` to the layer's output for
-the rows of each adapter (``index_add_``; all rows at once when one adapter covers the batch).
-Rows without an adapter cost nothing; a batch of ``k`` distinct adapters costs ``k`` pairs of small
-matmuls per targeted layer. Rows hold their ``LoraWeights`` object, so unloading an adapter never
-changes a request that is already running (the weights live until its last row finishes).
+the base model); the hook then adds each row's ``(x @ A^T) @ (scale * B^T)`` to the layer's output.
+Two strategies (``LoraSet.strategy``), measured in ``benchmarks/lora.py``:
+
+* ``stacked`` (default): the ``k`` active adapters' factors side by side (``[in, sum r]`` and
+  ``[sum r, out]``, built once per layer while the set of active adapters stays the same) and a
+  per-row 0/1 mask over the ``sum r`` columns: two matmuls and one multiply per layer whatever ``k``
+  (a row computes the other adapters' ``r`` columns too, and zeroes them);
+* ``grouped``: per adapter, gather its rows, two matmuls, ``index_add`` back: ``4k`` ops per layer,
+  nothing computed for rows of other adapters.
+
+One adapter for the whole batch is two plain matmuls in both. Rows hold their ``LoraWeights``
+object, so unloading an adapter never changes a request that is already running (the weights
+live until its last row finishes).
 
 Limits (LMI's options): ``max_lora_rank`` (checked at load), ``max_cpu_loras`` (adapters loaded at
 once: loading one more is an ``AdapterLimit``), ``max_loras`` (distinct adapters in one running
@@ -43,6 +51,10 @@ class LoraSet:
         self._hooked: dict[str, Any] = {}
         self._groups: list[tuple[LoraWeights, Optional[torch.Tensor]]] = []
         self._rows = 0  # batch size the groups were set for
+        self.strategy = "stacked"  # or "grouped" (see the module docstring; benchmarks/lora.py compares)
+        self._active: list[LoraWeights] = []
+        self._cat: dict[str, Optional[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._mask: Optional[torch.Tensor] = None
 
     # -- loading -----------------------------------------------------------------------------
     def load(self, spec: AdapterSpec) -> None:
@@ -104,10 +116,60 @@ class LoraSet:
                 groups.setdefault(id(weights), (weights, []))[1].append(index)
         device = next(iter(self.model.parameters())).device
         self._rows = len(rows)
+        if self.strategy == "stacked":
+            self._stack([w for w, _ in groups.values()], rows, device)
+            self._groups = [(w, None) for w, _ in groups.values()]  # only "is any adapter active" is read
+            return
         self._groups = [
             (weights, None if len(idx) == len(rows) else torch.tensor(idx, dtype=torch.long, device=device))
             for weights, idx in groups.values()
         ]
+
+    def _stack(self, active: list[LoraWeights], rows: Sequence[Optional[LoraWeights]], device: Any) -> None:
+        """``stacked``: the active adapters side by side (``A^T`` blocks concatenated, cached per layer
+        while the set of active adapters stays the same) and a per-row mask selecting a row's block."""
+        same = len(active) == len(self._active) and all(a is b for a, b in zip(active, self._active, strict=True))
+        if not same:
+            self._active, self._cat = active, {}
+        if not active:
+            self._mask = None
+            return
+        if len(active) == 1 and all(r is active[0] for r in rows):
+            self._mask = None  # one adapter for every row: no mask needed
+            return
+        dtype = next(iter(self.model.parameters())).dtype
+        offsets, width = {}, 0
+        for weights in active:
+            offsets[id(weights)] = (width, width + weights.rank)
+            width += weights.rank
+        mask = torch.zeros((len(rows), 1, width), dtype=dtype)
+        for index, row_weights in enumerate(rows):
+            if row_weights is not None:
+                lo, hi = offsets[id(row_weights)]
+                mask[index, 0, lo:hi] = 1
+        self._mask = mask.to(device)
+
+    def _stacked_factors(self, module_name: str, x: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        if module_name in self._cat:
+            return self._cat[module_name]
+        found = [w.layers.get(module_name) for w in self._active]
+        if all(f is None for f in found):
+            self._cat[module_name] = None
+            return None
+        out_features = next(f[1].shape[1] for f in found if f is not None)
+        a_parts, b_parts = [], []
+        for weights, factors in zip(self._active, found, strict=True):
+            a_t = factors[0] if factors is not None else x.new_zeros((x.shape[-1], 0))
+            b_t = factors[1] if factors is not None else x.new_zeros((0, out_features))
+            pad = weights.rank - a_t.shape[1]  # a smaller rank in this layer (rank_pattern), or absent
+            if pad:
+                a_t = torch.cat([a_t, a_t.new_zeros((a_t.shape[0], pad))], dim=1)
+                b_t = torch.cat([b_t, b_t.new_zeros((pad, out_features))], dim=0)
+            a_parts.append(a_t)
+            b_parts.append(b_t)
+        stacked = (torch.cat(a_parts, dim=1).contiguous(), torch.cat(b_parts, dim=0).contiguous())
+        self._cat[module_name] = stacked
+        return stacked
 
     def _hook(self, module_name: str) -> Any:
         def add_lora(module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
@@ -116,11 +178,19 @@ class LoraSet:
             x = args[0]
             if x.shape[0] != self._rows:
                 raise RuntimeError(f"LoRA rows were set for a batch of {self._rows}, the forward has {x.shape[0]}")
-            for weights, rows in self._groups:
-                factors = weights.layers.get(module_name)
+            if self.strategy == "stacked":
+                factors = self._stacked_factors(module_name, x)
                 if factors is None:
+                    return output
+                h = x @ factors[0]
+                if self._mask is not None:
+                    h = h * self._mask.view(self._rows, *([1] * (x.dim() - 2)), -1)
+                return output + h @ factors[1]
+            for weights, rows in self._groups:
+                found = weights.layers.get(module_name)
+                if found is None:
                     continue
-                a_t, b_t = factors
+                a_t, b_t = found
                 if rows is None:
                     output = output + (x @ a_t) @ b_t
                 else:
@@ -136,6 +206,7 @@ class LoraSet:
         self._hooked.clear()
         self._groups = []
         self._rows = 0
+        self._active, self._cat, self._mask = [], {}, None
 
 
 def attach_lora(config: Any, engine: Any) -> Any:

@@ -198,3 +198,39 @@ def test_embedded_smollm2_mixed_batch(tmp_path: Path, embedded_dir: Path, real_m
     requests = [driver.submit(json_request(_body(p, a))) for p, a in zip(prompts, rows, strict=True)]
     driver.run()
     assert [json.loads(r.text)["generated_text"] for r in requests] == want
+
+
+def test_stacked_and_grouped_strategies_agree_with_peft(tiny_model: Any, adapters: dict[str, Path]) -> None:  # noqa: F811
+    """One forward of a mixed batch (adapters with different ranks and target layers, base rows):
+    both strategies give peft's mixed-adapter logits (``adapter_names``)."""
+    import copy
+
+    import torch
+    from peft import PeftModel
+
+    from djl_handlers.adapters.registry import AdapterSpec
+    from djl_handlers.engines.lora_hf import LoraSet
+
+    model, tok = tiny_model
+    ours = copy.deepcopy(model)
+    lora = LoraSet(ours, max_loras=4, max_lora_rank=16)
+    for name, folder in adapters.items():
+        lora.load(AdapterSpec(name, str(folder)))
+    reference = PeftModel.from_pretrained(copy.deepcopy(model), str(adapters["a"]), adapter_name="a")
+    for name in ("b", "c"):
+        reference.load_adapter(str(adapters[name]), adapter_name=name)
+    rows = ["a", None, "c", "b", "a", None]
+    ids = tok(["Deep learning is"] * len(rows), return_tensors="pt").input_ids
+    with torch.inference_mode():
+        want = reference.eval()(input_ids=ids, adapter_names=[r or "__base__" for r in rows]).logits
+        got = {}
+        for strategy in ("stacked", "grouped"):
+            lora.strategy = strategy
+            lora.use([lora.resolve(r) if r else None for r in rows])
+            got[strategy] = ours(input_ids=ids).logits
+        lora.use([None] * len(rows))
+        base = ours(input_ids=ids).logits
+    for strategy, logits in got.items():
+        assert torch.allclose(logits, want, atol=1e-4), strategy
+    assert not torch.allclose(base[0], want[0], atol=1e-2)  # the adapters matter
+    assert torch.allclose(base[1], want[1], atol=1e-5)  # base rows are untouched
