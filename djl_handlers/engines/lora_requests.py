@@ -36,6 +36,7 @@ class EngineLoras:
         self._ids = itertools.count(first_id)
         self.requests: dict[str, Any] = {}
         self._src: dict[str, str] = {}
+        self._added: set[str] = set()  # names add_lora accepted (vLLM answers False for a loaded id)
 
     def load(self, spec: AdapterSpec) -> None:
         """Register (or update) ``spec``; the same name and folder keep their id."""
@@ -44,13 +45,15 @@ class EngineLoras:
         request = self.requests.get(spec.name)
         if request is None or self._src.get(spec.name) != spec.src:
             request = self._make(spec.name, next(self._ids), spec.src)
-        if spec.preload and self._add is not None:
+            self._added.discard(spec.name)
+        if spec.preload and self._add is not None and spec.name not in self._added:
             try:
                 accepted = self._add(request)
             except (ValueError, RuntimeError) as exc:
                 raise _engine_error(spec, exc) from exc
             if accepted is False:
                 raise AdapterError(f"the engine refused adapter {spec.label!r}", field="src")
+            self._added.add(spec.name)
         if spec.pin and self._pin is not None:
             try:
                 self._pin(_int_id(request))
@@ -63,6 +66,7 @@ class EngineLoras:
         """Forget ``name`` (and remove it from the engine's cache)."""
         request = self.requests.pop(name, None)
         self._src.pop(name, None)
+        self._added.discard(name)
         if request is not None and self._remove is not None:
             self._remove(_int_id(request))
 

@@ -234,3 +234,20 @@ def test_stacked_and_grouped_strategies_agree_with_peft(tiny_model: Any, adapter
         assert torch.allclose(logits, want, atol=1e-4), strategy
     assert not torch.allclose(base[0], want[0], atol=1e-2)  # the adapters matter
     assert torch.allclose(base[1], want[1], atol=1e-5)  # base rows are untouched
+
+
+@pytest.mark.skipif(__import__("importlib.util").util.find_spec("deepspeed") is None, reason="deepspeed not installed")
+def test_deepspeed_entry_point_mixed_adapters(
+        tiny_dir: Path, adapters: dict[str, Path], expected: dict[tuple[str, Optional[str]], str]) -> None:  # noqa: F811
+    """The same hooks on the module DeepSpeed wraps (``init_inference``, tensor_parallel_degree=1)."""
+    service = InferenceService("deepspeed")
+    init = {"model_id": str(tiny_dir), "dtype": "fp32", "rolling_batch": "deepspeed", "enable_lora": "true"}
+    assert service.handle(Input.from_parts(init, ())) is None
+    assert getattr(service.engine, "ds_engine", None) is not None  # really wrapped by deepspeed
+    for name in ("a", "c"):
+        assert _call(service, "register", name, adapters[name]).code == 200
+    rows = [(PROMPTS[1], "a"), (PROMPTS[0], None), (PROMPTS[3], "c")]
+    driver = RollingBatchDriver(service.handle)
+    requests = [driver.submit(json_request(_body(p, a))) for p, a in rows]
+    driver.run()
+    assert [json.loads(r.text)["generated_text"] for r in requests] == [expected[row] for row in rows]

@@ -319,6 +319,8 @@ def test_lora_options_reach_engine_args_and_requests_carry_their_lora(fake_vllm:
     engine.load_adapter(AdapterSpec("a", _adapter_dir(tmp_path, "a", 4)))
     engine.load_adapter(AdapterSpec("b", _adapter_dir(tmp_path, "b", 8), pin=True))
     assert engine.engine.list_loras() == {1, 2} and engine.engine.pinned == {2}
+    engine.load_adapter(AdapterSpec("a", engine.loras.requests["a"].lora_path))  # replayed registration
+    assert engine.loras.requests["a"].lora_int_id == 1 and engine.engine.list_loras() == {1, 2}
     with pytest.raises(AdapterLimit, match="max_lora_rank"):
         engine.load_adapter(AdapterSpec("big", _adapter_dir(tmp_path, "big", 16)))
     for rid, name in enumerate(["a", None, "b", "a"]):

@@ -149,6 +149,8 @@ class LLMEngine:
         if not self.engine_args.enable_lora:
             raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
         self._check_lora(lora_request)
+        if lora_request.lora_int_id in self.loras:
+            return False  # as vLLM's LRU adapter manager: already loaded
         self.loras[lora_request.lora_int_id] = lora_request
         return True
 
