@@ -212,7 +212,8 @@ class AdapterEndpoints:
             if not options.get(key):
                 raise AdapterHttpError(400, f"The parameter {key} is required")
         adapter = FrontAdapter(options["name"], options["src"], request.headers.get(ALIAS_HEADER), options)
-        if adapter.src.startswith(("http://", "https://", "s3://")):
+        scheme, sep, _ = adapter.src.partition("://")
+        if sep and scheme.lower() != "file":  # as DJL's Adapter.newInstance: only local sources
             raise AdapterHttpError(409, "URL adapters are not currently supported", "IllegalArgumentException")
         return await self.register(adapter)
 
