@@ -151,6 +151,7 @@ def run_benchmark(tokens: int, which: str, repeats: int) -> dict[str, Any]:
     for row in results:
         base = next(r for r in results if r["rows"] == row["rows"] and r["mode"] == "base")  # same rows, no adapter
         row["vs_base"] = rnd(row["tok_s"] / base["tok_s"], 2)
+        row["cpu_vs_base"] = rnd(row["tok_per_cpu_s"] / base["tok_per_cpu_s"], 2)
     return {"model": which, "tokens_per_row": tokens, "adapter_rank": 16, "targets": list(TARGETS),
             "engine": results, "forward": forward}
 
@@ -164,7 +165,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     setup_torch()
     started = context()
     report = run_benchmark(args.tokens, args.model, args.repeats)
-    print_table(report["engine"], ["rows", "mode", "strategy", "tok_s", "vs_base", "tok_per_cpu_s", "tokens", "wall_s"],
+    print_table(report["engine"], ["rows", "mode", "strategy", "tok_s", "vs_base", "tok_per_cpu_s", "cpu_vs_base",
+                                   "tokens", "wall_s"],
                 f"HF engine, {args.model}, {args.tokens} tokens/row, rank-16 adapters on all projections")
     print_table(report["forward"], ["rows", "tokens_per_row", "base_ms", "stacked_ms", "grouped_ms", "peft_ms",
                                     "peft_vs_ours", "logits_equal"],
