@@ -191,3 +191,27 @@ def test_embedded_smollm2_mixed_batch_over_http(tmp_path: Path, embedded_dir: Pa
     finally:
         server.stop()
         shutil.rmtree(directory / "adapters", ignore_errors=True)
+
+
+def test_unregister_during_a_running_stream_lets_it_finish(tiny_server: Any, tiny_model: Any) -> None:  # noqa: F811
+    server, folders, _, _ = tiny_server
+    model, tok = tiny_model
+    tokens = 60
+    want = tok.decode(merged_generate(model, tok, PROMPTS[1], tokens, folders["a"]), skip_special_tokens=True)
+    name = server.name
+    body = {"inputs": PROMPTS[1], "adapters": "a", "stream": True, "parameters": {"max_new_tokens": tokens}}
+    with server.client() as client:
+        _register(client, name, "a", folders["a"])
+        with client.stream("POST", "/invocations", json=body) as response:
+            lines = response.iter_lines()
+            first = next(line for line in lines if line)  # the request is running in the batch now
+            deleted = client.delete(f"/models/{name}/adapters/a")
+            assert (deleted.status_code, deleted.json()) == (200, {"status": "Adapter a unregistered"})
+            assert _generate(client, "x", "a").status_code == 404  # new requests: gone at once
+            rest = [line for line in lines if line]
+        assert response.status_code == 200
+        assert json.loads(rest[-1])["generated_text"] == want  # the running one finished with its adapter
+        assert json.loads(first)["token"]["id"] and rest
+        assert "a" not in [a["name"] for a in client.get(f"/models/{name}/adapters").json()["adapters"]]
+    # the worker deferred the unload because the stream was still running (its log says so)
+    assert "adapter a unregistered; unloading it when its running requests finish" in server.log_path.read_text()
