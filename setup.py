@@ -22,7 +22,8 @@ class BuildPyWithExamples(build_py):
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "README.md"))
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
-HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
+HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm",
+      "peft>=0.17"]  # peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20"]
 OTEL = ["opentelemetry-sdk>=1.25", "opentelemetry-exporter-otlp-proto-http>=1.25"]
 EXTRAS = {

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from djl_handlers.adapters.management import AdapterManager, lora_disabled_output
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.engines.base import Engine
 from djl_handlers.errors import DjlHandlersError, error_body
@@ -52,6 +53,7 @@ class InferenceService:
         self.hooks = CustomHooks()
         self.streaming = False
         self._steps = 0
+        self.lora: Optional[AdapterManager] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -77,6 +79,8 @@ class InferenceService:
         engine = self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
         rolling = config.is_rolling
+        if config.lora.enable_lora:
+            self.lora = AdapterManager(self.engine, self._adapters_in_use)
         self.settings = ParserSettings(
             engine=config.params_engine,
             rolling_batch=rolling,
@@ -87,6 +91,7 @@ class InferenceService:
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
             chat_template=_chat_template(engine),
+            adapters=self.lora.registry if self.lora is not None else None,
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
@@ -140,6 +145,8 @@ class InferenceService:
             out.add(type(out).binary_encode(record), key="data", batch_index=index)
             out.add_property(f"batch_{index}_Content-Type", content_type)
         self._add_engine_stats(out, len(batch))
+        if self.lora is not None:
+            self.lora.retire_unused()
         return out
 
     def _add_engine_stats(self, out: Any, running: int) -> None:
@@ -157,6 +164,20 @@ class InferenceService:
             except Exception:  # noqa: BLE001 - a figure must never fail the step
                 LOG.debug("kv_cache_usage() failed", exc_info=True)
         out.add_property(ENGINE_STATS_PROPERTY, json.dumps(stats, separators=(",", ":")))
+
+    # -- LoRA adapters (DJL calls these with the handler property) -------------------------------
+    def adapter_call(self, kind: str, inputs: Any) -> Any:
+        """``register``/``update``/``unregister`` an adapter (see :mod:`djl_handlers.adapters.management`)."""
+        if not self.initialized:
+            self.initialize(inputs.get_properties())
+        if self.lora is None:
+            return lora_disabled_output(inputs)
+        return getattr(self.lora, kind)(inputs)
+
+    def _adapters_in_use(self) -> list[Optional[str]]:
+        if self.rolling is None:
+            return []  # dynamic batches finish inside one call
+        return [name for slot in self.rolling.slots if not slot.finished for name in slot.request.adapters]
 
     def _parse(self, item: Any) -> Request:
         return parse_request(item, self.settings)
@@ -259,3 +280,9 @@ class LazyService:
         if self._service is None:
             self._service = InferenceService(self.engine_name)
         return self._service.handle(inputs)
+
+    def adapter_call(self, kind: str, inputs: Any) -> Any:
+        """DJL's ``register_adapter``/``update_adapter``/``unregister_adapter`` (``kind`` without ``_adapter``)."""
+        if self._service is None:
+            self._service = InferenceService(self.engine_name)
+        return self._service.adapter_call(kind, inputs)

@@ -45,6 +45,7 @@ from djl_handlers.engines.hf_batch import (
 )
 from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
 from djl_handlers.engines.hf_static import generate_static as static_generate
+from djl_handlers.engines.lora_hf import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory
 from djl_handlers.params.translate import translate
@@ -64,6 +65,7 @@ class _Row:
     done: bool = False  # released or failed: dropped at the next compaction
     prompt_lp: bool = False  # decoder_input_details: report the prompt tokens' log-probs
     top_n: int = 0  # top_n_tokens: report this many most likely tokens per step
+    lora: Any = None  # the row's LoRA adapter weights (engines.lora_hf), None: base model
 
 
 @dataclass
@@ -111,6 +113,7 @@ class HFEngine:
         self._partial: _Partial | None = None
         self._batch: KVBatch | None = None
         self._ids: set[int] = set()
+        self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines.lora_hf)
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
@@ -124,7 +127,7 @@ class HFEngine:
         device = config.device
         if device.startswith("cuda") and ":" not in device and config.device_id is not None:
             device = f"{device}:{config.device_id}"
-        return cls.load(
+        return attach_lora(config, cls.load(
             config,
             device=device,
             attn_implementation=config.hf.attn_implementation,
@@ -132,7 +135,7 @@ class HFEngine:
             max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
             max_model_len=config.max_model_len,
-        )
+        ))
 
     @classmethod
     def load(cls, config: Any = None, **kwargs: Any) -> HFEngine:
@@ -153,8 +156,9 @@ class HFEngine:
         params = request.params
         settings = translate(params, self.name)  # to_hf / to_deepspeed: the one greedy rule
         sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
+        lora = require_lora(self).resolve(request.adapter) if request.adapter else None
         self._ids.add(request.request_id)
-        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens)
+        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora)
         self._queue.append(row)
 
     def step(self) -> list[StepOutput]:
@@ -192,6 +196,15 @@ class HFEngine:
                 row.done = True
         if all(row.done for row in batch.rows):
             self._batch = None  # free the whole cache now
+
+    def load_adapter(self, spec: Any) -> None:
+        """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora_hf`."""
+        require_lora(self).load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget a LoRA adapter; running rows keep its weights until they finish."""
+        if self.lora is not None:
+            self.lora.unload(name)
 
     def has_unfinished(self) -> bool:
         """True while any request is queued, being prefilled or running."""
@@ -285,6 +298,7 @@ class HFEngine:
         if batch is None:
             return []
         batch.grow_mask()
+        use_rows(self.lora, batch.rows)
         logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
         batch.pos = batch.pos + 1
         return self._emit(logits, batch.rows, batch)
@@ -323,7 +337,7 @@ class HFEngine:
         outputs: list[StepOutput] = []
         if self._partial is not None:
             outputs, budget = self._continue_partial(budget)
-        while self._queue and budget > 0 and self._partial is None:
+        while self._queue and budget > 0 and self._partial is None and admits_row(self, self._queue[0]):
             group = self._take_group(budget)
             if not group:
                 if budget == self.max_prefill_tokens and self._room() > 0:
@@ -347,7 +361,7 @@ class HFEngine:
         room = self._room()
         while self._queue and len(group) < room:
             n = len(self._queue[0].request.prompt_ids)
-            if (len(group) + 1) * max(longest, n) > budget:
+            if (len(group) + 1) * max(longest, n) > budget or not admits_row(self, self._queue[0], group):
                 break
             longest = max(longest, n)
             group.append(self._queue.popleft())
@@ -362,6 +376,7 @@ class HFEngine:
             ids, mask = ids.to(self.device), mask.to(self.device)
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
             cache = self._new_cache()
+            use_rows(self.lora, group)
             prompt_lps = None
             if any(r.prompt_lp for r in group):
                 logits, hidden = self._forward_capturing(ids, mask, pos, cache)
@@ -397,6 +412,7 @@ class HFEngine:
         ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
         mask = torch.ones((1, end), dtype=torch.long, device=self.device)
         pos = torch.arange(part.offset, end, device=self.device).unsqueeze(0)
+        use_rows(self.lora, [part.row])
         try:
             if part.row.prompt_lp:
                 logits, hidden = self._forward_capturing(ids, mask, pos, part.cache)

@@ -14,7 +14,8 @@ import torch
 
 from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
 from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
-from djl_handlers.errors import PromptTooLong
+from djl_handlers.engines.lora_hf import require_lora
+from djl_handlers.errors import PromptTooLong, message_of
 from djl_handlers.params.translate import translate
 
 
@@ -36,6 +37,12 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
         except PromptTooLong as exc:
             results[i] = [StepOutput(req.request_id, error=exc.message)]
             continue
+        if req.adapter:  # LoRA: rows of one generate() may use different adapters (engines.lora_hf)
+            try:
+                require_lora(engine).resolve(req.adapter)
+            except Exception as exc:  # noqa: BLE001 - this request's own error
+                results[i] = [StepOutput(req.request_id, error=message_of(exc))]
+                continue
         settings = translate(req.params, engine.name)  # to_hf / to_deepspeed: the one greedy rule
         limits[i] = int(settings["max_new_tokens"])
         groups.setdefault(generate_key(settings, req.params.seed), []).append(i)
@@ -54,6 +61,8 @@ def _generate_group(
     width = max(len(r.prompt_ids) for r in batch)
     pad = _pad_id(engine.tokenizer, engine.eos_token_ids)
     ids, mask = left_pad([r.prompt_ids for r in batch], pad)
+    if engine.lora is not None:
+        engine.lora.use([engine.lora.resolve(r.adapter) if r.adapter else None for r in batch])
     seed = kwargs.pop("seed", None)
     if seed is not None:
         torch.manual_seed(int(seed))

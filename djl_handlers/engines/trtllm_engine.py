@@ -103,6 +103,7 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     }
     if getattr(config, "max_model_len", None):
         kwargs["max_seq_len"] = int(config.max_model_len)
+    kwargs.update(_lora_kwargs(config, llmapi))
     opts = getattr(config, "trtllm", None)
     if opts is None:
         return kwargs
@@ -119,6 +120,22 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     if policy is not None and getattr(llmapi, "SchedulerConfig", None) is not None:
         kwargs["scheduler_config"] = llmapi.SchedulerConfig(capacity_scheduler_policy=policy)
     return kwargs
+
+
+def _lora_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
+    """``lora_config=LoraConfig(max_lora_rank, max_loras, max_cpu_loras)`` (TensorRT-LLM 1.x); older
+    releases without ``LoraConfig`` take ``enable_lora``/``max_lora_rank``/``max_loras`` keywords."""
+    from djl_handlers.engines.vllm_engine import lora_kwargs
+
+    flat = lora_kwargs(config)
+    if not flat:
+        return {}
+    lora_config = getattr(llmapi, "LoraConfig", None)
+    if lora_config is None:
+        flat.pop("max_cpu_loras", None)
+        return flat
+    flat.pop("enable_lora")
+    return {"lora_config": lora_config(lora_dir=[], **flat)}
 
 
 class TrtLlmEngine:
@@ -139,6 +156,7 @@ class TrtLlmEngine:
         self.submit_timeout_s = submit_timeout_s
         self._ready: queue.Queue[tuple[int, _Delta]] = queue.Queue()
         self._requests: dict[int, _Request] = {}
+        self.loras: Any = None  # engines.lora_requests.EngineLoras with option.enable_lora=true
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-adapter-loop", daemon=True)
         self._thread.start()
@@ -154,7 +172,12 @@ class TrtLlmEngine:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"TensorRT-LLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         max_len = getattr(getattr(llm, "args", None), "max_seq_len", None) or kwargs.get("max_seq_len") or 2048
-        return cls(llm, max_model_len=int(max_len))
+        engine = cls(llm, max_model_len=int(max_len))
+        if "lora_config" in kwargs or kwargs.get("enable_lora"):
+            from djl_handlers.engines.lora_requests import trtllm_loras
+
+            engine.loras = trtllm_loras(llmapi)
+        return engine
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -164,7 +187,8 @@ class TrtLlmEngine:
         rid = request.request_id
         state = _Request()
         self._requests[rid] = state
-        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker), self._loop)
+        lora = self._lora(request.adapter) if request.adapter else None
+        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker, lora), self._loop)
         try:
             state.result = future.result(timeout=self.submit_timeout_s)
         except ValueError as exc:
@@ -197,6 +221,26 @@ class TrtLlmEngine:
         if state is not None and not state.finished and state.result is not None:
             self._loop.call_soon_threadsafe(state.result.abort)
 
+    def load_adapter(self, spec: Any) -> None:
+        """Register a LoRA adapter (a ``LoRARequest``; TensorRT-LLM loads it on first use)."""
+        self._require_loras().load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unregister a LoRA adapter."""
+        if self.loras is not None:
+            self.loras.unload(name)
+
+    def _lora(self, name: str) -> Any:
+        return self._require_loras().request_for(name)
+
+    def _require_loras(self) -> Any:
+        if self.loras is None:
+            from djl_handlers.adapters.registry import AdapterError
+
+            raise AdapterError("LoRA adapters are not enabled for this model; set option.enable_lora=true",
+                               field="option.enable_lora")
+        return self.loras
+
     def has_unfinished(self) -> bool:
         return any(not s.finished for s in self._requests.values())
 
@@ -227,8 +271,9 @@ class TrtLlmEngine:
         tracker = _Tracker(int(sampling.max_tokens), holdback, end_id, self.tokenizer)
         return sampling, tracker
 
-    async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker) -> Any:
-        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True)
+    async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker, lora: Any = None) -> Any:
+        extra = {"lora_request": lora} if lora is not None else {}
+        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
         self._loop.create_task(self._pump(rid, result, tracker))
         return result
 
