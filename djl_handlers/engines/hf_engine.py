@@ -18,6 +18,12 @@ every row gets explicit position ids. The engine never finishes a row itself; th
 ``release``. The only exception: a row that would exceed ``max_model_len`` gets
 ``StepOutput(error=...)`` and is dropped.
 
+Structured output (``parameters.guided_*``): see :mod:`djl_handlers.engines.grammar`. The
+constraint is checked in ``add_request`` (400 when invalid) and compiled on a background thread;
+the request waits in the queue (others go ahead) until its grammar is ready. Each constrained row
+has its own matcher; its bitmask is applied to a copy of the logits before sampling, so rows
+without constraints in the same step are computed exactly as before.
+
 Log-probs: see :mod:`djl_handlers.engines.sampling` (model distribution, before processing).
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
@@ -31,8 +37,9 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -48,6 +55,9 @@ from djl_handlers.engines.hf_static import generate_static as static_generate
 from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest, PromptTooLong
 
+if TYPE_CHECKING:
+    from djl_handlers.engines.grammar import GrammarBackend, RowGrammar
+
 LOG = logging.getLogger(__name__)
 
 
@@ -60,6 +70,13 @@ class _Row:
     done: bool = False  # released or failed: dropped at the next compaction
     prompt_lp: bool = False  # decoder_input_details: report the prompt tokens' log-probs
     top_n: int = 0  # top_n_tokens: report this many most likely tokens per step
+    compiling: Future[Any] | None = None  # structured output: the grammar being compiled
+    grammar: RowGrammar | None = None  # structured output: this row's matcher
+
+    @property
+    def ready(self) -> bool:
+        """False until the row's compiled grammar has become its matcher (``_start_grammars``)."""
+        return self.compiling is None
 
 
 @dataclass
@@ -107,6 +124,7 @@ class HFEngine:
         self._partial: _Partial | None = None
         self._batch: KVBatch | None = None
         self._ids: set[int] = set()
+        self._grammars: GrammarBackend | None = None
 
     @classmethod
     def from_config(cls, config: Any) -> HFEngine:
@@ -156,9 +174,15 @@ class HFEngine:
             )
         if request.request_id in self._ids:
             raise ValueError(f"request id {request.request_id} is already in the engine")
+        constraint = getattr(request.params, "structured_output", None)
+        compiling = None
+        if constraint is not None:
+            backend = self._grammar_backend()
+            backend.check(constraint)
+            compiling = backend.submit(constraint)
         sampling = RowSampling.from_params(request.params, request.prompt_ids, self._vocab, self.eos_token_ids)
         self._ids.add(request.request_id)
-        row = _Row(request, sampling)
+        row = _Row(request, sampling, compiling=compiling)
         row.prompt_lp = bool(getattr(request.params, "decoder_input_details", False))
         row.top_n = int(getattr(request.params, "top_n_tokens", 0) or 0)
         self._queue.append(row)
@@ -296,7 +320,14 @@ class HFEngine:
         """Sample one token per row, store it as pending (if ``batch``), build the outputs
         (with ``prompt_lps[i]`` and top tokens for the rows that asked for them)."""
         top_n = [row.top_n for row in rows] if any(row.top_n for row in rows) else None
-        result = sample_batch(logits, [row.sampling for row in rows], top_n)
+        grammars = [row.grammar for row in rows]
+        ended = [False] * len(rows)
+        if any(g is not None for g in grammars):
+            from djl_handlers.engines.grammar import constrained_sample
+
+            result, ended = constrained_sample(logits, [row.sampling for row in rows], grammars, top_n)
+        else:
+            result = sample_batch(logits, [row.sampling for row in rows], top_n)
         tops = result.top_tokens
         if batch is not None:
             batch.pending = torch.tensor(result.tokens, dtype=torch.long, device=self.device).clamp(min=0)
@@ -312,7 +343,9 @@ class HFEngine:
             else:
                 prompt = prompt_lps[i] if prompt_lps is not None else None
                 top = tops[i] if tops is not None else None
-                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top))
+                reason = "eos_token" if ended[i] else None  # the grammar is complete
+                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top,
+                                          finish_reason=reason))
         return outputs
 
     def _prefill(self) -> list[StepOutput]:
@@ -320,11 +353,13 @@ class HFEngine:
         outputs: list[StepOutput] = []
         if self._partial is not None:
             outputs, budget = self._continue_partial(budget)
+        outputs += self._start_grammars()
         while self._queue and budget > 0 and self._partial is None:
             group = self._take_group(budget)
             if not group:
-                if budget == self.max_prefill_tokens and self._room() > 0:
-                    row = self._queue.popleft()
+                row = self._first_ready()
+                if row is not None and budget == self.max_prefill_tokens and self._room() > 0:
+                    self._queue.remove(row)
                     self._partial = _Partial(row, self._new_cache())
                     more, budget = self._continue_partial(budget)
                     outputs += more
@@ -342,13 +377,51 @@ class HFEngine:
         group: list[_Row] = []
         longest = 0
         room = self._room()
-        while self._queue and len(group) < room:
-            n = len(self._queue[0].request.prompt_ids)
+        for row in [r for r in self._queue if r.ready]:  # rows whose grammar compiles wait
+            if len(group) >= room:
+                break
+            n = len(row.request.prompt_ids)
             if (len(group) + 1) * max(longest, n) > budget:
                 break
             longest = max(longest, n)
-            group.append(self._queue.popleft())
+            group.append(row)
+        for row in group:
+            self._queue.remove(row)
         return group
+
+    def _first_ready(self) -> _Row | None:
+        return next((r for r in self._queue if r.ready), None)
+
+    def _grammar_backend(self) -> GrammarBackend:
+        if self._grammars is None:
+            from djl_handlers.engines.grammar import GrammarBackend
+
+            self._grammars = GrammarBackend(self.tokenizer, self._vocab, sorted(self.eos_token_ids))
+        return self._grammars
+
+    def _start_grammars(self) -> list[StepOutput]:
+        """Give queued rows whose grammar finished compiling their matcher (a failure fails that
+        row). With nothing else to do, wait briefly for the first compile instead of spinning."""
+        if not self._queue or all(r.compiling is None for r in self._queue):
+            return []
+        if self._batch is None and self._partial is None and self._first_ready() is None:
+            pending = self._queue[0].compiling
+            if pending is not None:
+                wait([pending], timeout=0.05)
+        outputs: list[StepOutput] = []
+        for row in list(self._queue):
+            if row.compiling is None or not row.compiling.done():
+                continue
+            future, row.compiling = row.compiling, None
+            try:
+                row.grammar = self._grammar_backend().matcher(future.result())
+            except Exception as exc:  # noqa: BLE001 - this request's grammar only
+                from djl_handlers.engines.grammar import clean_message
+
+                self._queue.remove(row)
+                message = f"the structured-output constraint could not be compiled: {clean_message(exc)}"
+                outputs += self._fail_rows([row], message)
+        return outputs
 
     def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
         """Prefill ``group`` as one left-padded batch and merge it. A failure of the forward (bad
