@@ -232,3 +232,22 @@ def constrained_sample(
         fixed = top_log_probs(raw, torch.logsumexp(raw, dim=-1), asking)
         result.top_tokens = [fixed[i] if i in constrained else t for i, t in enumerate(result.top_tokens)]
     return result, done
+
+
+class GrammarLogitsProcessor:
+    """A transformers logits processor for ``generate()`` (dynamic batching): row ``i`` of the
+    batch follows ``grammars[i]``. The first call sees the prompts; each later call first
+    advances every live matcher with the token just generated."""
+
+    def __init__(self, grammars: Sequence[RowGrammar]) -> None:
+        self.grammars = list(grammars)
+        self._started = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._started:
+            for grammar, token in zip(self.grammars, input_ids[:, -1].tolist(), strict=True):
+                if not grammar.terminated and grammar.failed is None:
+                    grammar.accept(token)
+        self._started = True
+        live: list[Optional[RowGrammar]] = [g if g.failed is None else None for g in self.grammars]
+        return masked_logits(scores, live)

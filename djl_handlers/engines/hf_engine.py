@@ -174,18 +174,22 @@ class HFEngine:
             )
         if request.request_id in self._ids:
             raise ValueError(f"request id {request.request_id} is already in the engine")
-        constraint = getattr(request.params, "structured_output", None)
-        compiling = None
-        if constraint is not None:
-            backend = self._grammar_backend()
-            backend.check(constraint)
-            compiling = backend.submit(constraint)
+        constraint = self.check_parameters(request.params)
+        compiling = self.grammar_backend().submit(constraint) if constraint is not None else None
         sampling = RowSampling.from_params(request.params, request.prompt_ids, self._vocab, self.eos_token_ids)
         self._ids.add(request.request_id)
         row = _Row(request, sampling, compiling=compiling)
         row.prompt_lp = bool(getattr(request.params, "decoder_input_details", False))
         row.top_n = int(getattr(request.params, "top_n_tokens", 0) or 0)
         self._queue.append(row)
+
+    def check_parameters(self, params: Any) -> Any:
+        """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): today a
+        structured-output constraint the grammar compiler rejects. Returns the constraint or None."""
+        constraint = getattr(params, "structured_output", None)
+        if constraint is not None:
+            self.grammar_backend().check(constraint)
+        return constraint
 
     def step(self) -> list[StepOutput]:
         """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
@@ -392,7 +396,7 @@ class HFEngine:
     def _first_ready(self) -> _Row | None:
         return next((r for r in self._queue if r.ready), None)
 
-    def _grammar_backend(self) -> GrammarBackend:
+    def grammar_backend(self) -> GrammarBackend:
         if self._grammars is None:
             from djl_handlers.engines.grammar import GrammarBackend
 
@@ -414,7 +418,7 @@ class HFEngine:
                 continue
             future, row.compiling = row.compiling, None
             try:
-                row.grammar = self._grammar_backend().matcher(future.result())
+                row.grammar = self.grammar_backend().matcher(future.result())
             except Exception as exc:  # noqa: BLE001 - this request's grammar only
                 from djl_handlers.engines.grammar import clean_message
 

@@ -1,6 +1,7 @@
 """Dynamic-batch mode for the transformers engine: ``model.generate()`` on left-padded batches.
 
-Requests with identical sampling settings share one ``generate()`` call; each result is then cut
+Requests with identical sampling settings (and structured-output constraint: one grammar matcher
+per row, applied by a logits processor) share one ``generate()`` call; each result is then cut
 to its own ``max_new_tokens`` and first eos, and the slot logic (stops, text) runs on it as for
 the rolling batch.
 """
@@ -32,11 +33,15 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
             msg = f"the prompt has {len(req.prompt_ids)} tokens; the model's context holds {engine.max_model_len}"
             results[i] = [StepOutput(req.request_id, error=msg)]
             continue
-        groups.setdefault(generate_key(req.params), []).append(i)
+        constraint = getattr(req.params, "structured_output", None)
+        groups.setdefault((generate_key(req.params), constraint), []).append(i)
     with torch.inference_mode():
-        for key, members in groups.items():
+        for (key, constraint), members in groups.items():
             batch = [requests[i] for i in members]
-            for i, outs in zip(members, _generate_group(engine, batch, dict(key)), strict=True):
+            kwargs = dict(key)
+            if constraint is not None:
+                kwargs["logits_processor"] = _grammar_processor(engine, constraint, len(batch))
+            for i, outs in zip(members, _generate_group(engine, batch, kwargs), strict=True):
                 results[i] = outs
     return results
 
@@ -61,6 +66,18 @@ def _generate_group(engine: Any, batch: list[EngineRequest], kwargs: dict[str, A
     )
     ids_by_request = [r.request_id for r in batch]
     return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, engine.eos_token_ids)
+
+
+def _grammar_processor(engine: Any, constraint: Any, rows: int) -> Any:
+    """A ``LogitsProcessorList`` holding one grammar matcher per row of the group (all rows of a
+    group share the constraint, so it is compiled once)."""
+    from transformers import LogitsProcessorList
+
+    from djl_handlers.engines.grammar import GrammarLogitsProcessor
+
+    backend = engine.grammar_backend()
+    compiled = backend.submit(constraint).result()
+    return LogitsProcessorList([GrammarLogitsProcessor([backend.matcher(compiled) for _ in range(rows)])])
 
 
 def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:

@@ -152,7 +152,7 @@ def check_schema(schema: Any, key: str, path: str = "") -> None:
     type, ``properties``/``items``/``required`` of the wrong shape. Recurses into sub-schemas."""
     if isinstance(schema, bool):
         return
-    where = f"parameters.{key}{path or ''}"
+    where = f"parameters.{key}{path}"
     field_name = key.split(".")[0]
     if not isinstance(schema, dict):
         raise InvalidParameter(f"{where} must be a schema object, got {_short(schema)}", field=field_name)
@@ -163,26 +163,30 @@ def check_schema(schema: Any, key: str, path: str = "") -> None:
                 f"{where}.type {_short(kind)} is not a JSON Schema type (one of {sorted(_JSON_TYPES)})",
                 field=field_name,
             )
+    required = schema.get("required")
+    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
+        raise InvalidParameter(f"{where}.required must be a list of property names", field=field_name)
+    for sub_path, sub in _children(schema, where, field_name):
+        check_schema(sub, key, path + sub_path)
+
+
+def _children(schema: dict[str, Any], where: str, field_name: str) -> list[tuple[str, Any]]:
+    """``(path suffix, sub-schema)`` of the keywords that hold schemas."""
+    out: list[tuple[str, Any]] = []
     props = schema.get("properties")
     if props is not None:
         if not isinstance(props, dict):
             raise InvalidParameter(f"{where}.properties must be an object", field=field_name)
-        for name, sub in props.items():
-            check_schema(sub, key, f"{path}.properties.{name}")
-    required = schema.get("required")
-    if required is not None and not (isinstance(required, list) and all(isinstance(r, str) for r in required)):
-        raise InvalidParameter(f"{where}.required must be a list of property names", field=field_name)
-    for name in ("items", "additionalProperties", "not"):
-        sub = schema.get(name)
-        if isinstance(sub, (dict, bool)):
-            check_schema(sub, key, f"{path}.{name}")
+        out += [(f".properties.{name}", sub) for name, sub in props.items()]
+    out += [(f".{name}", schema[name]) for name in ("items", "additionalProperties", "not")
+            if isinstance(schema.get(name), (dict, bool))]
     for name in ("anyOf", "oneOf", "allOf"):
         subs = schema.get(name)
         if subs is not None:
             if not isinstance(subs, list) or not subs:
                 raise InvalidParameter(f"{where}.{name} must be a non-empty list of schemas", field=field_name)
-            for i, sub in enumerate(subs):
-                check_schema(sub, key, f"{path}.{name}[{i}]")
+            out += [(f".{name}[{i}]", sub) for i, sub in enumerate(subs)]
+    return out
 
 
 def _check_size(text: str, key: str) -> None:

@@ -47,8 +47,11 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request]) -> list[Any]:
     slots: dict[int, list[RequestSlot]] = {}
     errors: dict[int, Any] = {}
     groups: dict[Any, list[tuple[RequestSlot, list[int]]]] = defaultdict(list)
+    check = getattr(engine, "check_parameters", None)  # engines that can reject parameters up front
     for index, request in enumerate(requests):
         try:
+            if check is not None:
+                check(request.params)
             made = [_new_slot(engine, request, p) for p in _prompts(request)]
         except Exception as exc:  # noqa: BLE001 - this request's own error
             errors[index] = error_body(exc)
