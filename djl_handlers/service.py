@@ -156,15 +156,20 @@ class InferenceService:
         return out
 
 
-def _chat_template(engine: Any) -> Optional[Callable[[list[dict[str, Any]]], str]]:
-    """The tokenizer's chat template as a function, or None when the model has none."""
+def _chat_template(engine: Any) -> Optional[Callable[..., str]]:
+    """The tokenizer's chat template as a function ``(messages, tools=None)``, or None when the
+    model has none. ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
     tokenizer = getattr(engine, "tokenizer", None)
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    if not template:
         return None
 
-    def render(messages: list[dict[str, Any]]) -> str:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> str:
+        extra = {"tools": tools} if tools else {}
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra))
 
+    texts = template.values() if isinstance(template, dict) else [template]
+    render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]
     return render
 
 

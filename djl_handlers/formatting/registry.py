@@ -42,6 +42,12 @@ from djl_handlers.request.records import RequestOutput, Token
 FormatterSpec = Union[str, Callable[..., Any], None]
 Factory = Callable[[], Formatter]
 
+def _tool_stream() -> Formatter:
+    from djl_handlers.formatting.tools import ToolStreamFormatter
+
+    return ToolStreamFormatter()
+
+
 # name -> (factory, content type)
 FORMATTERS: dict[str, tuple[Factory, str]] = {
     "json": (JsonFormatter, "application/json"),
@@ -57,6 +63,7 @@ FORMATTERS: dict[str, tuple[Factory, str]] = {
     "completion_json": (lambda: OpenAIJsonFormatter("completion_json", "completion"), "application/json"),
     "completion_sse": (lambda: OpenAIStreamFormatter("completion_sse", "completion"), "text/event-stream"),
     "sse_chat": (lambda: OpenAIStreamFormatter("sse_chat", "chat"), "text/event-stream"),
+    "chat_tools_sse": (_tool_stream, "text/event-stream"),
 }
 # DJL v0.27's chat names keep DJL's spaced JSON separators; built in _v027_chat.
 V027_CHAT = {"json_chat": "application/json", "jsonlines_chat": "application/jsonlines"}
