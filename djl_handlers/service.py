@@ -160,8 +160,8 @@ def _chat_template(engine: Any) -> Optional[Callable[..., str]]:
     """The tokenizer's chat template as a function ``(messages, tools=None)``, or None when the
     model has none. ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
     tokenizer = getattr(engine, "tokenizer", None)
-    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
-    if not template:
+    template = getattr(tokenizer, "chat_template", None)
+    if tokenizer is None or not template:
         return None
 
     def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> str:

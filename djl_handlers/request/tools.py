@@ -184,7 +184,7 @@ def _content(content: Any, i: int) -> Optional[str]:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         texts = [p.get("text") for p in content]
         if all(isinstance(t, str) for t in texts):
-            return "".join(texts)  # type: ignore[arg-type]
+            return "".join(texts)
     raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts", field="messages")
 
 
