@@ -88,6 +88,22 @@ def fit_kwargs(cls: type, kwargs: Mapping[str, Any], engine: str) -> dict[str, A
     return out
 
 
+def vllm_structured_kwargs(vllm: Any, structured: Mapping[str, Any]) -> dict[str, Any]:
+    """``SamplingParams`` keywords for a structured-output constraint in the installed vLLM:
+    ``structured_outputs=StructuredOutputsParams(...)`` (0.11+) or
+    ``guided_decoding=GuidedDecodingParams(...)`` (0.6-0.10); neither: ``InvalidParameter``."""
+    module = getattr(vllm, "sampling_params", None)
+    fields = accepted_fields(vllm.SamplingParams)
+    choices = (("structured_outputs", "StructuredOutputsParams"), ("guided_decoding", "GuidedDecodingParams"))
+    for keyword, cls_name in choices:
+        cls = getattr(module, cls_name, None) or getattr(vllm, cls_name, None)
+        if keyword in fields and cls is not None:
+            return {keyword: cls(**structured)}
+    version = getattr(vllm, "__version__", "")
+    raise InvalidParameter(f"structured output is not supported by the installed vLLM {version}".rstrip(),
+                           field="parameters")
+
+
 def token_logprob(entry: Any, token_id: int) -> Optional[float]:
     """The log-prob of ``token_id`` in one position's logprobs entry (a dict of id → Logprob, or
     a float in older TensorRT-LLM releases)."""
@@ -232,8 +248,13 @@ class VllmEngine:
         vllm = import_engine_library("vllm", self.name)
         from djl_handlers.params.translate import to_vllm
 
-        kwargs = fit_kwargs(vllm.SamplingParams, to_vllm(request.params), "vllm")
+        kwargs = to_vllm(request.params)
+        structured = kwargs.pop("structured_outputs", None)
+        kwargs = fit_kwargs(vllm.SamplingParams, kwargs, "vllm")
+        constraint = request.params.structured_output
         try:
+            if structured is not None:
+                kwargs.update(vllm_structured_kwargs(vllm, structured))
             sampling = vllm.SamplingParams(**kwargs)
         except (TypeError, ValueError) as exc:
             raise InvalidParameter(f"vLLM rejected the parameters: {exc}") from exc
@@ -241,6 +262,9 @@ class VllmEngine:
         try:
             self.engine.add_request(str(request.request_id), prompt, sampling)
         except ValueError as exc:
+            if constraint is not None and "prompt" not in str(exc).lower():
+                message = f"vLLM rejected {constraint.describe()}: {exc}"
+                raise InvalidParameter(message, field=constraint.source) from exc
             raise PromptTooLong(f"vLLM rejected the prompt: {exc}", field="inputs") from exc
         self._tracks[request.request_id] = _Track()
 

@@ -39,6 +39,7 @@ _KNOWN_KWARGS = {
     "enable_lora",
     "max_lora_rank",
     "max_loras",
+    "guided_decoding_backend",
 }
 
 

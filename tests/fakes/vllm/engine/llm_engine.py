@@ -115,6 +115,7 @@ class LLMEngine:
                 f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
                 f"of {self.model_config.max_model_len}."
             )
+        _validate_structured(params.structured_outputs)
         self._seqs[request_id] = _Seq(request_id, text, ids, params)
         self.added[request_id] = params
 
@@ -203,3 +204,19 @@ class LLMEngine:
             stop_reason=seq.stop_reason,
         )
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_ids, None, [completion], finished)
+
+
+def _validate_structured(so: Any) -> None:
+    """Like vLLM's input processor: a malformed JSON schema or an empty constraint is a ValueError
+    (the toy model does not follow the constraint; the adapter's translation is what is tested)."""
+    if so is None:
+        return
+    if isinstance(so.json, str):
+        import json
+
+        try:
+            json.loads(so.json)
+        except ValueError as exc:
+            raise ValueError(f"Invalid JSON schema for structured outputs: {exc}") from None
+    if all(getattr(so, k) is None for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")):
+        raise ValueError("Structured outputs params must have at least one constraint")
