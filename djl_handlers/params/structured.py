@@ -142,7 +142,8 @@ def schema_text(value: Any, key: str) -> str:
             f"parameters.{key} must be a JSON Schema object, got {_short(value)}", field=key.split(".")[0]
         )
     check_schema(schema, key)
-    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # key order kept: properties are generated in schema order (equal schemas share one grammar)
+    text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     _check_size(text, key)
     return text
 

@@ -24,7 +24,7 @@ from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi
 from djl_handlers.request.records import CustomFormatter, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
-TGI_NULL_ONLY = ("grammar", "adapter_id")
+TGI_NULL_ONLY = ("adapter_id",)  # TGI's grammar is structured output (params/structured.py)
 META_PARAMETERS = ("stream", "output_formatter")
 
 # A custom input formatter from model.py: (input item, settings) -> a JSON-like request body.

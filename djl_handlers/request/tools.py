@@ -7,8 +7,8 @@ must read back (``extra["tools"]``). Forced calls are constrained with ``guided_
 arguments always parse:
 
 - ``{"type": "function", "function": {"name": F}}``: the reply is F's arguments object;
-- ``required``: the reply is ``[{"name": ..., "arguments": {...}}, ...]`` (at least one call;
-  exactly one object, not a list, when ``parallel_tool_calls`` is false);
+- ``required``: the reply is ``[{"name": ..., "arguments": {...}}, ...]`` (one call up to as many
+  calls as there are tools; exactly one object, not a list, when ``parallel_tool_calls`` is false);
 - ``auto``: no constraint; the reply is read as a call when it is such JSON (or ``<tool_call>``
   blocks), otherwise it is text;
 - ``none``: the tools are not shown and the reply is text.
@@ -139,7 +139,8 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
         for t in tools
     ]
     one: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    return {"type": "array", "items": one, "minItems": 1} if parallel else one
+    # at most one call per tool: a small model otherwise repeats the same call until max_tokens
+    return {"type": "array", "items": one, "minItems": 1, "maxItems": len(tools)} if parallel else one
 
 
 # --------------------------------------------------------------------------- messages
