@@ -24,7 +24,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Optional
 
 import torch
@@ -251,3 +251,25 @@ class GrammarLogitsProcessor:
         self._started = True
         live: list[Optional[RowGrammar]] = [g if g.failed is None else None for g in self.grammars]
         return masked_logits(scores, live)
+
+
+def start_matchers(rows: Sequence[Any], backend: GrammarBackend, idle: bool) -> list[tuple[Any, str]]:
+    """For queued engine rows (``compiling``: a future or None; ``grammar``): a row whose grammar
+    finished compiling gets its matcher and ``compiling = None``. Returns ``(row, message)`` for
+    rows whose compilation failed. ``idle`` (nothing else to run): wait up to 50 ms for the first
+    pending compile instead of letting the step loop spin."""
+    pending = [row for row in rows if row.compiling is not None]
+    if not pending:
+        return []
+    if idle and not any(row.compiling is None for row in rows):
+        wait([pending[0].compiling], timeout=0.05)
+    failed: list[tuple[Any, str]] = []
+    for row in pending:
+        if not row.compiling.done():
+            continue
+        future, row.compiling = row.compiling, None
+        try:
+            row.grammar = backend.matcher(future.result())
+        except Exception as exc:  # noqa: BLE001 - this request's grammar only
+            failed.append((row, f"the structured-output constraint could not be compiled: {clean_message(exc)}"))
+    return failed

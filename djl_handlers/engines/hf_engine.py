@@ -37,7 +37,7 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -404,27 +404,16 @@ class HFEngine:
         return self._grammars
 
     def _start_grammars(self) -> list[StepOutput]:
-        """Give queued rows whose grammar finished compiling their matcher (a failure fails that
-        row). With nothing else to do, wait briefly for the first compile instead of spinning."""
-        if not self._queue or all(r.compiling is None for r in self._queue):
+        """Queued rows whose grammar is compiled get their matcher; a failed compile fails its row."""
+        if self._grammars is None:
             return []
-        if self._batch is None and self._partial is None and self._first_ready() is None:
-            pending = self._queue[0].compiling
-            if pending is not None:
-                wait([pending], timeout=0.05)
-        outputs: list[StepOutput] = []
-        for row in list(self._queue):
-            if row.compiling is None or not row.compiling.done():
-                continue
-            future, row.compiling = row.compiling, None
-            try:
-                row.grammar = self.grammar_backend().matcher(future.result())
-            except Exception as exc:  # noqa: BLE001 - this request's grammar only
-                from djl_handlers.engines.grammar import clean_message
+        from djl_handlers.engines.grammar import start_matchers
 
-                self._queue.remove(row)
-                message = f"the structured-output constraint could not be compiled: {clean_message(exc)}"
-                outputs += self._fail_rows([row], message)
+        idle = self._batch is None and self._partial is None
+        outputs: list[StepOutput] = []
+        for row, message in start_matchers(self._queue, self._grammars, idle):
+            self._queue.remove(row)
+            outputs += self._fail_rows([row], message)
         return outputs
 
     def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
