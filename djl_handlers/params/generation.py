@@ -351,6 +351,12 @@ def _cross_check(p: GenerationParameters) -> None:
             f"got {p.min_new_tokens}",
             field="min_new_tokens",
         )
+    if p.structured_output is not None and p.min_new_tokens > 0:
+        raise InvalidParameter(
+            f"parameters.min_new_tokens cannot be combined with {p.structured_output.describe()}: "
+            "the constraint decides where the output ends",
+            field="min_new_tokens",
+        )
     if p.best_of is not None and p.best_of < p.n:
         raise InvalidParameter(
             f"parameters.best_of must be >= n ({p.n}), got {p.best_of}", field="best_of"

@@ -72,6 +72,7 @@ def test_nothing_asked() -> None:
         ({"grammar": {"type": "xml", "value": "x"}}, "grammar", 'must be "json" or "regex"'),
         ({"grammar": "[0-9]"}, "grammar", '"type": "json" or "regex"'),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "at most one"),
+        ({"guided_regex": "a+", "min_new_tokens": 3}, "min_new_tokens", "cannot be combined with parameters.guided_"),
     ],
 )
 def test_bad_constraints_name_the_field(data: dict[str, Any], field: str, message: str) -> None:
