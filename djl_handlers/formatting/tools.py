@@ -8,12 +8,15 @@ reply is one; anything else is an ordinary text reply. Each call gets an id ``ca
 ``function.arguments`` as a JSON string, as OpenAI sends them; ``finish_reason`` is
 ``tool_calls``.
 
-``ToolStreamFormatter`` (``chat_tools_sse``): a reply may turn out to be a call only once it is
-complete, so the text is held back until the request finishes; then the stream sends the role
-chunk, one ``tool_calls`` delta per call (``index``, ``id``, ``type``, ``function.name`` and the
-whole ``function.arguments``; clients concatenate argument fragments, one fragment is valid), a
-final chunk with ``finish_reason`` ``tool_calls`` and ``[DONE]``. A reply that is not a call is
-sent as one content delta instead.
+``ToolStreamFormatter`` (``chat_tools_sse``): with a named function the reply *is* the arguments,
+so it streams as OpenAI does: a first delta with ``tool_calls[0]`` (``index``, ``id``, ``type``,
+``function.name``, empty ``arguments``), then one ``function.arguments`` fragment per step, then
+``finish_reason`` ``tool_calls`` (``length`` when the budget cut it). Otherwise a reply may turn out
+to be a call only once it is complete, so the text is held back until the request finishes; then
+the stream sends the role chunk, one ``tool_calls`` delta per call (with the whole
+``function.arguments``; clients concatenate fragments, one fragment is valid), a final chunk with
+``finish_reason`` ``tool_calls`` and ``[DONE]``. A reply that is not a call is sent as one content
+delta instead.
 """
 
 from __future__ import annotations
@@ -101,6 +104,9 @@ class ToolStreamFormatter(OpenAIStreamFormatter):
         super().__init__(name, "chat")
 
     def __call__(self, out: RequestOutput) -> str:
+        spec = out.request.extra.get("tools") or {}
+        if spec.get("mode") == "named" and out.error is None:
+            return self._named(out, spec["function"])
         if not out.finished:
             return ""
         if out.error is not None:
@@ -125,3 +131,30 @@ class ToolStreamFormatter(OpenAIStreamFormatter):
         if include_usage(out):
             events.append({**head, "choices": [], "usage": usage(out)})
         return self._frame(events, done=True)
+
+    def _named(self, out: RequestOutput, name: str) -> str:
+        """The arguments of a forced named call, streamed as they are generated."""
+        head = {**self._envelope(out)}
+        extra_usage = {"usage": None} if include_usage(out) else {}
+
+        def chunk(delta: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**head, "choices": [choice], **extra_usage}
+
+        events: list[dict[str, Any]] = []
+        extra = out.request.extra
+        if not extra.get("_tool_stream_started"):
+            extra["_tool_stream_started"] = True
+            call = _call(name, {})
+            call["function"]["arguments"] = ""
+            extra["_tool_stream_id"] = call["id"]
+            events.append(chunk({"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}))
+        text = "".join(t.text for t in out.new_tokens)
+        if text:
+            events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": text}}]}))
+        if out.finished:
+            complete = isinstance(_json(out.generated_text.strip()), dict)
+            events.append(chunk({}, "tool_calls" if complete else openai_finish_reason(out)))
+            if include_usage(out):
+                events.append({**head, "choices": [], "usage": usage(out)})
+        return self._frame(events, done=out.finished)

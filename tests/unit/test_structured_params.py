@@ -276,3 +276,28 @@ def test_tool_calls_stream_as_openai_deltas() -> None:
 
 def test_structured_output_describe() -> None:
     assert StructuredOutput("regex", "a", "guided_regex").describe() == "parameters.guided_regex"
+
+
+def test_named_tool_call_streams_its_arguments_as_generated() -> None:
+    from djl_handlers.formatting import get_formatter
+    from djl_handlers.request.records import Request, RequestOutput, Token
+
+    named = {"mode": "named", "names": ["get_weather"], "function": "get_weather", "parallel": True}
+    request = Request(prompt="p", params=GenerationParameters(), extra={"model": "m", "tools": named})
+    out = RequestOutput(request=request, prompt_tokens=3)
+    fmt = get_formatter("chat_tools_sse", stream=True)
+    frames = []
+    for piece in ['{"city":', ' "Paris"', "}"]:
+        token = Token(1, piece, -0.1)
+        out.tokens.append(token)
+        out.new_tokens = [token]
+        if piece == "}":
+            out.finished, out.finish_reason = True, "eos_token"
+        frames.append(fmt(out))
+    events = [json.loads(e[6:]) for f in frames for e in f.split("\n\n") if e.startswith("data: {")]
+    first = events[0]["choices"][0]["delta"]["tool_calls"][0]
+    assert first["function"] == {"name": "get_weather", "arguments": ""} and first["id"].startswith("call_")
+    fragments = [e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] for e in events[1:4]]
+    assert json.loads("".join(fragments)) == {"city": "Paris"}
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert frames[-1].endswith("data: [DONE]\n\n") and "[DONE]" not in frames[0]
