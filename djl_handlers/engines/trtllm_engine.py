@@ -104,6 +104,8 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     if getattr(config, "max_model_len", None):
         kwargs["max_seq_len"] = int(config.max_model_len)
     kwargs.update(_lora_kwargs(config, llmapi))
+    if getattr(llmapi, "GuidedDecodingParams", None) is not None:
+        kwargs["guided_decoding_backend"] = "xgrammar"  # structured output (guided_* parameters)
     opts = getattr(config, "trtllm", None)
     if opts is None:
         return kwargs
@@ -258,11 +260,15 @@ class TrtLlmEngine:
         from djl_handlers.params.translate import to_trtllm
 
         kwargs = to_trtllm(request.params)
+        guided = kwargs.pop("guided_decoding", None)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if isinstance(eos, int):
             kwargs.setdefault("end_id", eos)
         try:
-            sampling = trt.SamplingParams(**fit_kwargs(trt.SamplingParams, kwargs, "tensorrt_llm"))
+            kwargs = fit_kwargs(trt.SamplingParams, kwargs, "tensorrt_llm")
+            if guided is not None:
+                kwargs["guided_decoding"] = _guided_params(trt, guided)
+            sampling = trt.SamplingParams(**kwargs)
         except (TypeError, ValueError) as exc:
             raise InvalidParameter(f"TensorRT-LLM rejected the parameters: {exc}") from exc
         stops = [] if sampling.include_stop_str_in_output else _as_list(sampling.stop)
@@ -336,6 +342,18 @@ def _step_outputs(rid: int, delta: _Delta) -> list[StepOutput]:
         StepOutput(rid, token_id=ids[-1], log_prob=log_probs[-1], text=delta.text, finish_reason=delta.finish_reason)
     )
     return outs
+
+
+def _guided_params(trt: Any, guided: dict[str, Any]) -> Any:
+    """``GuidedDecodingParams`` of the installed TensorRT-LLM (the LLM is built with
+    ``guided_decoding_backend="xgrammar"``); a release without it: ``InvalidParameter``."""
+    cls = getattr(getattr(trt, "llmapi", None), "GuidedDecodingParams", None)
+    cls = cls or getattr(getattr(trt, "sampling_params", None), "GuidedDecodingParams", None)
+    if cls is None:
+        version = getattr(trt, "__version__", "")
+        raise InvalidParameter(f"structured output is not supported by the installed tensorrt_llm {version}".rstrip(),
+                               field="parameters")
+    return cls(**guided)
 
 
 def _as_list(value: Any) -> Sequence[str]:

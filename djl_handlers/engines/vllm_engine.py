@@ -39,6 +39,7 @@ from djl_handlers.engines.adapters import (
     resolve_model,
     tensor_parallel_size,
     token_logprob,
+    vllm_structured_kwargs,
 )
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong
@@ -184,8 +185,13 @@ class VllmEngine:
         vllm = import_engine_library("vllm", self.name)
         from djl_handlers.params.translate import to_vllm
 
-        kwargs = fit_kwargs(vllm.SamplingParams, to_vllm(request.params), "vllm")
+        kwargs = to_vllm(request.params)
+        structured = kwargs.pop("structured_outputs", None)
+        kwargs = fit_kwargs(vllm.SamplingParams, kwargs, "vllm")
+        constraint = request.params.structured_output
         try:
+            if structured is not None:
+                kwargs.update(vllm_structured_kwargs(vllm, structured))
             sampling = vllm.SamplingParams(**kwargs)
         except (TypeError, ValueError) as exc:
             raise InvalidParameter(f"vLLM rejected the parameters: {exc}") from exc
@@ -194,6 +200,9 @@ class VllmEngine:
         try:
             self.engine.add_request(str(request.request_id), prompt, sampling, **lora)
         except ValueError as exc:
+            if constraint is not None and "prompt" not in str(exc).lower():
+                message = f"vLLM rejected {constraint.describe()}: {exc}"
+                raise InvalidParameter(message, field=constraint.source) from exc
             raise PromptTooLong(f"vLLM rejected the prompt: {exc}", field="inputs") from exc
         self._tracks[request.request_id] = _Track()
 

@@ -27,7 +27,7 @@ from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi
 from djl_handlers.request.records import FormatterFunction, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream", "adapters")
-TGI_NULL_ONLY = ("grammar",)
+TGI_NULL_ONLY: tuple[str, ...] = ()  # TGI's grammar is structured output (params/structured.py)
 META_PARAMETERS = ("stream", "output_formatter")
 
 # A custom input formatter from model.py: (input item, settings) -> a JSON-like request body.

@@ -73,8 +73,11 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
     formatters: dict[int, Any] = {}
     errors: dict[int, Any] = {}
     groups: dict[Any, list[tuple[RequestSlot, list[int]]]] = defaultdict(list)
+    check = getattr(engine, "check_parameters", None)  # engines that can reject parameters up front
     for index, request in enumerate(requests):
         try:
+            if check is not None:
+                check(request.params)
             formatter = formatter_for(request) if formatter_for is not None else None
             if formatter is not None and isinstance(request.inputs, str):
                 formatters[index] = formatter

@@ -6,7 +6,7 @@ from typing import Optional
 
 from tensorrt_llm.executor.result import CompletionOutput
 from tensorrt_llm.llmapi.llm import LLM, RequestOutput
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
 
 @dataclass
@@ -70,6 +70,7 @@ __all__ = [
     "LLM",
     "CapacitySchedulerPolicy",
     "CompletionOutput",
+    "GuidedDecodingParams",
     "KvCacheConfig",
     "LoRARequest",
     "LoraConfig",

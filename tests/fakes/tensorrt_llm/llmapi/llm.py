@@ -41,6 +41,7 @@ _KNOWN_KWARGS = {
     "max_lora_rank",
     "max_loras",
     "lora_config",
+    "guided_decoding_backend",
 }
 
 

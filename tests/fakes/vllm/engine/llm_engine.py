@@ -129,6 +129,7 @@ class LLMEngine:
                 raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
             self._check_lora(lora_request)
             self.loras.setdefault(lora_request.lora_int_id, lora_request)  # vLLM loads it on demand
+        _validate_structured(params.structured_outputs)
         seq = _Seq(request_id, text, ids, params)
         if params.temperature >= _SAMPLING_EPS:  # vLLM: temperature 0 is greedy
             seq.rng = random.Random(params.seed)
@@ -256,3 +257,19 @@ class LLMEngine:
             stop_reason=seq.stop_reason,
         )
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_ids, None, [completion], finished)
+
+
+def _validate_structured(so: Any) -> None:
+    """Like vLLM's input processor: a malformed JSON schema or an empty constraint is a ValueError
+    (the toy model does not follow the constraint; the adapter's translation is what is tested)."""
+    if so is None:
+        return
+    if isinstance(so.json, str):
+        import json
+
+        try:
+            json.loads(so.json)
+        except ValueError as exc:
+            raise ValueError(f"Invalid JSON schema for structured outputs: {exc}") from None
+    if all(getattr(so, k) is None for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")):
+        raise ValueError("Structured outputs params must have at least one constraint")
