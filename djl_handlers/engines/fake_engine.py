@@ -84,7 +84,7 @@ class FakeEngine:
 
     def check_parameters(self, params: Any) -> None:
         """The fake engine cannot constrain its canned reply: structured output is a 400."""
-        constraint = getattr(params, "structured_output", None)
+        constraint = params.structured_output
         if constraint is not None:
             raise InvalidParameter(
                 f"{constraint.describe()}: structured output is not supported by engine fake", field=constraint.source

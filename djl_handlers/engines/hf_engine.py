@@ -185,7 +185,7 @@ class HFEngine:
     def check_parameters(self, params: Any) -> Any:
         """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): today a
         structured-output constraint the grammar compiler rejects. Returns the constraint or None."""
-        constraint = getattr(params, "structured_output", None)
+        constraint = params.structured_output
         if constraint is not None:
             self.grammar_backend().check(constraint)
         return constraint
