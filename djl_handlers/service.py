@@ -70,6 +70,9 @@ class InferenceService:
 
             init_options(props)  # the name must be one we ship, and its wheel installed
             props["model_id"] = str(embedded_model_dir())
+        elif not props.get("model_id") and _has_hf_config(props.get("model_dir")):
+            # DJL's model_id_or_path: weights in the model directory itself are the model
+            props["model_id"] = str(props["model_dir"])
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
@@ -256,6 +259,12 @@ def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
     texts = template.values() if isinstance(template, dict) else [template]
     render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]
     return render
+
+
+def _has_hf_config(model_dir: Any) -> bool:
+    from pathlib import Path
+
+    return isinstance(model_dir, str) and bool(model_dir) and (Path(model_dir) / "config.json").is_file()
 
 
 def _registry_factory(config: ServingConfig) -> EngineFactory:

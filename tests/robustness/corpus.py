@@ -29,7 +29,8 @@ JSON = "application/json"
 ROLLING = "rolling"
 DYNAMIC = "dynamic"
 BOTH = (ROLLING, DYNAMIC)
-BOOKKEEPING = frozenset({"engine", "provided", "ignored"})
+# structured_output is built from guided_* keys: tests/unit/test_structured_params.py covers it
+BOOKKEEPING = frozenset({"engine", "provided", "ignored", "structured_output"})
 # Engines tried in this order for a field, so the field is validated rather than "not supported".
 ENGINE_ORDER = ("huggingface", "vllm", "tensorrt_llm")
 N = 4  # max_new_tokens of every body that should succeed
