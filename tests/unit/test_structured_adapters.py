@@ -55,7 +55,8 @@ def test_vllm_gets_structured_outputs_params(params: dict[str, Any], field: str,
 
     from djl_handlers.engines.vllm_engine import VllmEngine
 
-    engine = VllmEngine.from_config(ServingConfig.from_properties({"model_id": "toy", "rolling_batch": "vllm"}, engine="vllm"))
+    options = {"model_id": "toy", "rolling_batch": "vllm"}
+    engine = VllmEngine.from_config(ServingConfig.from_properties(options, engine="vllm"))
     engine.add_request(request("vllm", **params))
     so = engine.engine.added["1"].structured_outputs
     assert isinstance(so, vllm.sampling_params.StructuredOutputsParams)
@@ -68,7 +69,8 @@ def test_vllm_gets_structured_outputs_params(params: dict[str, Any], field: str,
 def test_vllm_rejection_of_the_constraint_is_a_400_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from djl_handlers.engines.vllm_engine import VllmEngine
 
-    engine = VllmEngine.from_config(ServingConfig.from_properties({"model_id": "toy", "rolling_batch": "vllm"}, engine="vllm"))
+    options = {"model_id": "toy", "rolling_batch": "vllm"}
+    engine = VllmEngine.from_config(ServingConfig.from_properties(options, engine="vllm"))
 
     def reject(*args: Any, **kwargs: Any) -> None:
         raise ValueError("Failed to convert the grammar")
