@@ -300,3 +300,25 @@ class LazyService:
         if self._service is None:
             self._service = InferenceService(self.engine_name)
         return self._service.adapter_call(kind, inputs)
+
+    def entry_points(self) -> tuple[Callable[[Any], Any], ...]:
+        """The functions an entry-point module exposes, by the names DJL calls:
+        ``handle``, ``register_adapter``, ``update_adapter``, ``unregister_adapter``."""
+
+        def handle(inputs: Any) -> Any:
+            """DJL's handler function: returns an Output, or None for the empty init call."""
+            return self.handle(inputs)
+
+        def register_adapter(inputs: Any) -> Any:
+            """DJL's ``register_adapter`` call (properties ``name``, ``alias``, ``src``; ``preload``/``pin``)."""
+            return self.adapter_call("register", inputs)
+
+        def update_adapter(inputs: Any) -> Any:
+            """DJL's ``update_adapter`` call."""
+            return self.adapter_call("update", inputs)
+
+        def unregister_adapter(inputs: Any) -> Any:
+            """DJL's ``unregister_adapter`` call; requests already using the adapter finish with it."""
+            return self.adapter_call("unregister", inputs)
+
+        return handle, register_adapter, update_adapter, unregister_adapter
