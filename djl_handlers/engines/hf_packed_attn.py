@@ -58,6 +58,7 @@ class PackedMeta:
     dec_mask: torch.Tensor | None  # [span, 1, 1, longest] bool: column < the slot's length
     span: int = 0
     longest: int = 0
+    index: torch.Tensor | None = None  # [N * kv_heads] flat slab rows of the new keys/values
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -120,7 +121,9 @@ def packed_attention(
         raise RuntimeError("packed attention supports plain softmax attention only")
     layer = int(module.layer_idx)
     kv = meta.kv
-    kv.write(layer, meta.slots, meta.cols, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    if meta.index is None:  # the slabs exist by now (the engine reserved them): index once per step
+        meta.index = kv.flat_index(meta.slots, meta.cols)
+    kv.write(layer, meta.index, key[0].transpose(0, 1), value[0].transpose(0, 1))
     keys, values = kv.keys[layer], kv.values[layer]
     heads, n_tok, dim = query.shape[1], query.shape[2], query.shape[3]
     kv_heads = keys.shape[1]

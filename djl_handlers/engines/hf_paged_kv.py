@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 GROW = 128  # columns added when a row outgrows the slab (one copy per GROW tokens of the longest row)
-SLOT_GROW = 8  # slots added when more requests run than the slab has slots
+SLOT_GROW = 8  # first slot block; the slot count doubles when more requests run
 
 
 @dataclass
@@ -50,8 +50,9 @@ class SlotKV:
     def acquire(self) -> int:
         """A free slot (the lowest, to keep the used slots dense)."""
         if not self.free:
-            self.free = list(range(self.n_slots, self.n_slots + SLOT_GROW))
-            self.n_slots += SLOT_GROW
+            extra = max(SLOT_GROW, self.n_slots)  # doubling: few reallocations while a batch fills up
+            self.free = list(range(self.n_slots, self.n_slots + extra))
+            self.n_slots += extra
             if self.keys:
                 self._reallocate(self.n_slots, self.capacity)
         slot = min(self.free)
@@ -76,10 +77,18 @@ class SlotKV:
         elif length > self.capacity:
             self._reallocate(self.n_slots, _round(length))
 
-    def write(self, layer: int, slots: torch.Tensor, cols: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store token ``i``'s key/value ``k[i]``/``v[i]`` ([n, kv_heads, head_dim]) at ``(slots[i], cols[i])``."""
-        self.keys[layer][slots, :, cols] = k
-        self.values[layer][slots, :, cols] = v
+    def flat_index(self, slots: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """Row indices into a slab viewed as ``[slots * kv_heads * capacity, head_dim]`` of token ``i``'s
+        head ``h`` at ``(slots[i], cols[i])``, ordered token-major ([n * kv_heads])."""
+        heads, cap = int(self.keys[0].shape[1]), self.capacity
+        base = slots * (heads * cap) + cols
+        return (base.unsqueeze(1) + torch.arange(heads, device=slots.device) * cap).reshape(-1)
+
+    def write(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store keys/values ``k``/``v`` ([n, kv_heads, head_dim]) at ``index`` (see :meth:`flat_index`)."""
+        for store, src in ((self.keys, k), (self.values, v)):
+            slab = store[layer]
+            slab.view(-1, slab.shape[-1]).index_copy_(0, index, src.reshape(-1, src.shape[-1]))
 
     def nbytes(self) -> int:
         """Bytes held by the slabs."""
@@ -92,12 +101,16 @@ class SlotKV:
         self.values = [like.new_zeros(shape) for _ in range(self.layers)]
 
     def _reallocate(self, slots: int, capacity: int) -> None:
+        """Grow to ``slots`` x ``capacity``: copy the old block, zero only the new columns and slots
+        (unused cells must be finite: a masked score is still computed before it is dropped)."""
         capacity = min(capacity, self.max_len)
         old_slots, old_cap = int(self.keys[0].shape[0]), self.capacity
         for store in (self.keys, self.values):
             for i, old in enumerate(store):
-                new = old.new_zeros((slots, old.shape[1], capacity, old.shape[3]))
+                new = old.new_empty((slots, old.shape[1], capacity, old.shape[3]))
                 new[:old_slots, :, :old_cap] = old
+                new[:old_slots, :, old_cap:].zero_()
+                new[old_slots:].zero_()
                 store[i] = new
 
 

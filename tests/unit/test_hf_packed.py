@@ -259,3 +259,39 @@ def test_real_model_greedy_mixed_batch_equals_generate(real_model: Any) -> None:
         assert [o.token_id for o in got[req.request_id]] == reference(
             model, list(req.prompt_ids), req.params.max_new_tokens
         )
+
+
+def test_slot_kv_grows_without_losing_or_moving_rows() -> None:
+    from djl_handlers.engines.hf_paged_kv import SlotKV
+
+    kv = SlotKV(layers=2, max_len=4096)
+    a, b = kv.acquire(), kv.acquire()
+    like = torch.zeros(1, 3, 1, 4)
+    kv.reserve(5, like)
+    cap = kv.capacity
+    k = torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4)
+    kv.write(1, kv.flat_index(torch.tensor([a, b]), torch.tensor([0, 4])), k, -k)
+    kv.reserve(cap + 1, like)  # more columns
+    extra = [kv.acquire() for _ in range(10)]  # more slots (doubling)
+    assert kv.capacity > cap and kv.n_slots >= 12 and len(set(extra)) == 10
+    assert torch.equal(kv.keys[1][a, :, 0], k[0]) and torch.equal(kv.values[1][b, :, 4], -k[1])
+    assert torch.count_nonzero(kv.keys[0]) == 0  # new cells are zero (finite), other layers untouched
+    kv.release(b)
+    assert kv.acquire() == b  # the lowest free slot is reused
+    for slot in [a, b, *extra]:
+        kv.release(slot)
+    assert kv.keys == [] and kv.n_slots == 0
+
+
+def test_greedy_equality_survives_every_reallocation(tiny_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from djl_handlers.engines import hf_paged_kv
+
+    monkeypatch.setattr(hf_paged_kv, "GROW", 1)  # a new slab nearly every step
+    monkeypatch.setattr(hf_paged_kv, "SLOT_GROW", 1)
+    model, tok = tiny_model
+    engine = PackedHFEngine(model, tok, max_prefill_tokens=9)
+    requests = greedy_requests(tok, [7, 5, 6, 4, 9])
+    got = run(engine, requests, joins=[0, 1, 1, 4, 4])
+    for req in requests:
+        want = reference(model, list(req.prompt_ids), req.params.max_new_tokens)
+        assert [o.token_id for o in got[req.request_id]] == want
