@@ -133,6 +133,8 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int) -> d
         for key, fn in modes.items():
             runs[key].append(fn())
             loads.append(os.getloadavg()[0])
+            last = {k: v for k, v in runs[key][-1].items() if k != "token_ids"}
+            print("run", dtype, json.dumps(last), "load", round(loads[-1], 2), flush=True)
     reference = runs["static"][0]["token_ids"]
     summary: dict[str, Any] = {"dtype": dtype, "prompt_tokens": sum(len(p) for p in prompts),
                                "loadavg_1m_during": [round(x, 2) for x in loads], "modes": {}}
