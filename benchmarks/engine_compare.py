@@ -118,8 +118,8 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int) -> d
     limits = [j.max_new_tokens for j in jobs]
     kw = {"max_batch_size": 32, "max_prefill_tokens": max_prefill}
     modes: dict[str, Any] = {
-        "packed": lambda: run_engine(PackedHFEngine(model, tok, **kw), "HF packed (ours, default)", prompts, limits),
-        "padded": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded (ours, before)", prompts, limits),
+        "packed": lambda: run_engine(PackedHFEngine(model, tok, **kw), "HF packed (hf_step=packed)", prompts, limits),
+        "padded": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded (ours, default)", prompts, limits),
         "static": lambda: run_static(HFEngine(model, tok, **kw), prompts, limits),
     }
     if hf_cb:

@@ -114,8 +114,8 @@ class HFEngine:
 
         Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
-        options, ``max_prefill_tokens``, ``torch_threads`` and ``hf_step`` (``packed``, the default:
-        :mod:`~djl_handlers.engines.hf_packed`; ``padded``: this class's step).
+        options, ``max_prefill_tokens``, ``torch_threads`` and ``hf_step`` (``padded``, the default:
+        this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`).
         """
         raw = getattr(config, "raw", None) or {}
         device = str(getattr(config, "device", "cpu") or "cpu")
@@ -123,7 +123,7 @@ class HFEngine:
         if device.startswith("cuda") and ":" not in device and device_id is not None:
             device = f"{device}:{device_id}"
         hf = getattr(config, "hf", None)
-        step = str(raw.get("hf_step") or "packed").strip().lower()
+        step = str(raw.get("hf_step") or "padded").strip().lower()
         if step not in ("packed", "padded"):
             raise ConfigError(f"option.hf_step={step!r} is not supported; use packed or padded", field="option.hf_step")
         target: type[HFEngine] = cls

@@ -1,4 +1,5 @@
-"""The packed step of the transformers engine (``option.hf_step=packed``, the default).
+"""The packed step of the transformers engine (``option.hf_step=packed``; ``padded`` stays the
+default: on CPU the two measured equal within noise, see docs/benchmarks.md §7).
 
 One model forward per step over a ragged pack of tokens (vLLM's layout, on the model's own
 transformers layers): the pending token of every decoding request, then the prompt chunks

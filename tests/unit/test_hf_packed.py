@@ -241,10 +241,10 @@ def test_generate_on_the_same_model_is_untouched(tiny_model: Any) -> None:
 
 
 def test_from_config_selects_the_step(tiny_dir: Path) -> None:
-    packed = HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir)}))
+    padded = HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir)}))
+    assert type(padded) is HFEngine  # the default
+    packed = HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir), "hf_step": "packed"}))
     assert type(packed) is PackedHFEngine
-    padded = HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir), "hf_step": "padded"}))
-    assert type(padded) is HFEngine
     with pytest.raises(ConfigError, match="hf_step"):
         HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir), "hf_step": "ragged"}))
 
