@@ -46,7 +46,8 @@ def check(n: int, dtype: str, device: str) -> dict[str, Any]:
     model_dir = str(embedded_model_dir())
     tok = AutoTokenizer.from_pretrained(model_dir)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+    model = model.to(device).eval()
     jobs = mixed_workload(tok, n=n)
     prompts = [tok.encode(j.prompt) for j in jobs]
     limits = [j.max_new_tokens for j in jobs]
