@@ -295,3 +295,29 @@ def test_greedy_equality_survives_every_reallocation(tiny_model: Any, monkeypatc
     for req in requests:
         want = reference(model, list(req.prompt_ids), req.params.max_new_tokens)
         assert [o.token_id for o in got[req.request_id]] == want
+
+
+def test_handler_with_hf_step_packed_equals_generate(tiny_dir: Path, tiny_model: Any) -> None:
+    """The whole pipeline (service, scheduler, detokenizer, jsonlines) on option.hf_step=packed."""
+    import json
+
+    from djl_handlers.service import InferenceService
+    from djl_handlers.testing.java_loop import RollingBatchDriver, json_request
+
+    model, tok = tiny_model
+    service = InferenceService("huggingface")
+    driver = RollingBatchDriver(service.handle)
+    driver.init({"model_id": str(tiny_dir), "rolling_batch": "auto", "dtype": "fp32", "hf_step": "packed",
+                 "max_prefill_tokens": "8"})
+    assert type(service.engine) is PackedHFEngine
+    submitted = []
+    for prompt in PROMPTS[:3]:  # each joins one step after the previous
+        body = {"inputs": prompt, "stream": True, "parameters": {"max_new_tokens": 5, "min_new_tokens": 5}}
+        submitted.append((prompt, driver.submit(json_request(body))))
+        driver.step()
+    while driver.active:
+        driver.step()
+    for prompt, req in submitted:
+        lines = [json.loads(x) for x in req.text.splitlines() if x.strip()]
+        want = tok.decode(reference(model, tok.encode(prompt), 5), skip_special_tokens=True)
+        assert lines[-1]["generated_text"] == want
