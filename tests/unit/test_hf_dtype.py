@@ -38,3 +38,13 @@ def test_auto_per_device(device: str, stored: str | None, native: bool, want: st
 def test_checkpoint_dtype_reads_the_config(tiny_dir: Path, tmp_path: Path) -> None:
     assert checkpoint_dtype(str(tiny_dir), local_files_only=True) in ("float32", "bfloat16", "float16")
     assert checkpoint_dtype(str(tmp_path), local_files_only=True) is None  # no config: unknown
+
+
+def test_engine_load_with_auto_uses_the_resolved_dtype(tiny_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from djl_handlers.config.models import ServingConfig
+    from djl_handlers.engines.hf_engine import HFEngine
+
+    engine = HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir), "dtype": "auto"}))
+    want = resolve_auto("cpu", checkpoint_dtype(str(tiny_dir), local_files_only=True))
+    assert next(engine.model.parameters()).dtype == getattr(torch, want)
