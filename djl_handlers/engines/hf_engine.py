@@ -139,13 +139,26 @@ class HFEngine:
 
         Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
-        options, ``max_prefill_tokens`` and ``torch_threads``.
+        options, ``max_prefill_tokens``, ``torch_threads`` and ``hf_step`` (``padded``, the default:
+        this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`).
         """
         raw = config.raw
         device = config.device
         if device.startswith("cuda") and ":" not in device and config.device_id is not None:
             device = f"{device}:{config.device_id}"
-        return attach_lora(config, cls.load(
+        step = str(raw.get("hf_step") or "padded").strip().lower()
+        if step not in ("packed", "padded"):
+            raise ConfigError(f"option.hf_step={step!r} is not supported; use packed or padded", field="option.hf_step")
+        target: type[HFEngine] = cls
+        if cls is HFEngine and step == "packed":
+            if config.lora.enable_lora:
+                raise ConfigError("option.hf_step=packed cannot serve LoRA adapters yet (its step is one ragged row; "
+                                  "the per-row LoRA hook needs the padded step): drop option.hf_step or "
+                                  "option.enable_lora", field="option.hf_step")
+            from djl_handlers.engines.hf_packed import PackedHFEngine
+
+            target = PackedHFEngine
+        return attach_lora(config, target.load(
             config,
             device=device,
             attn_implementation=config.hf.attn_implementation,
