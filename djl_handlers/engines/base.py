@@ -20,12 +20,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EngineRequest:
-    """A request as an engine sees it: token ids of the (already truncated) prompt."""
+    """A request as an engine sees it: token ids of the (already truncated) prompt; ``adapter``: the
+    registered LoRA adapter to apply (None: the base model)."""
 
     request_id: int
     prompt_ids: Sequence[int]
     params: GenerationParameters
     prompt: str = ""
+    adapter: Optional[str] = None
 
 
 @dataclass(frozen=True)

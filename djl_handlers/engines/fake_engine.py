@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.errors import InvalidParameter
 from djl_handlers.params.translate import is_sampling
 
 REPLY = "The quick brown fox jumps over the lazy dog. "
@@ -81,7 +82,16 @@ class FakeEngine:
         raw: Mapping[str, str] = getattr(config, "raw", {}) or {}
         return cls(max_model_len=int(raw.get("max_model_len", 2048)), reply=raw.get("fake_reply", REPLY))
 
+    def check_parameters(self, params: Any) -> None:
+        """The fake engine cannot constrain its canned reply: structured output is a 400."""
+        constraint = params.structured_output
+        if constraint is not None:
+            raise InvalidParameter(
+                f"{constraint.describe()}: structured output is not supported by engine fake", field=constraint.source
+            )
+
     def add_request(self, request: EngineRequest) -> None:
+        self.check_parameters(request.params)
         marks = {k: int(v) for k, v in _MARK.findall(request.prompt)}
         reply = self._reply
         params = request.params

@@ -18,6 +18,12 @@ every row gets explicit position ids. The engine never finishes a row itself; th
 ``release``. The only exception: a row that would exceed ``max_model_len`` gets
 ``StepOutput(error=...)`` and is dropped.
 
+Structured output (``parameters.guided_*``): see :mod:`djl_handlers.engines.grammar`. The
+constraint is checked in ``add_request`` (400 when invalid) and compiled on a background thread;
+the request waits in the queue (others go ahead) until its grammar is ready. Each constrained row
+has its own matcher; its bitmask is applied to a copy of the logits before sampling, so rows
+without constraints in the same step are computed exactly as before.
+
 Log-probs: see :mod:`djl_handlers.engines.sampling` (model distribution, before processing).
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
@@ -31,6 +37,7 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +52,16 @@ from djl_handlers.engines.hf_batch import (
 )
 from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
 from djl_handlers.engines.hf_static import generate_static as static_generate
+from djl_handlers.engines.lora_hf import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.sampling import RowSampling, sample_batch
 from djl_handlers.errors import ConfigError, EngineOutOfMemory
 from djl_handlers.params.translate import translate
 
 if TYPE_CHECKING:
     from djl_handlers.config.models import ServingConfig
+
+if TYPE_CHECKING:
+    from djl_handlers.engines.grammar import GrammarBackend, RowGrammar
 
 LOG = logging.getLogger(__name__)
 
@@ -64,6 +75,14 @@ class _Row:
     done: bool = False  # released or failed: dropped at the next compaction
     prompt_lp: bool = False  # decoder_input_details: report the prompt tokens' log-probs
     top_n: int = 0  # top_n_tokens: report this many most likely tokens per step
+    lora: Any = None  # the row's LoRA adapter weights (engines.lora_hf), None: base model
+    compiling: Future[Any] | None = None  # structured output: the grammar being compiled
+    grammar: RowGrammar | None = None  # structured output: this row's matcher
+
+    @property
+    def ready(self) -> bool:
+        """False until the row's compiled grammar has become its matcher (``_start_grammars``)."""
+        return self.compiling is None
 
 
 @dataclass
@@ -111,6 +130,8 @@ class HFEngine:
         self._partial: _Partial | None = None
         self._batch: KVBatch | None = None
         self._ids: set[int] = set()
+        self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines.lora_hf)
+        self._grammars: GrammarBackend | None = None
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
@@ -118,13 +139,26 @@ class HFEngine:
 
         Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
-        options, ``max_prefill_tokens`` and ``torch_threads``.
+        options, ``max_prefill_tokens``, ``torch_threads`` and ``hf_step`` (``padded``, the default:
+        this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`).
         """
         raw = config.raw
         device = config.device
         if device.startswith("cuda") and ":" not in device and config.device_id is not None:
             device = f"{device}:{config.device_id}"
-        return cls.load(
+        step = str(raw.get("hf_step") or "padded").strip().lower()
+        if step not in ("packed", "padded"):
+            raise ConfigError(f"option.hf_step={step!r} is not supported; use packed or padded", field="option.hf_step")
+        target: type[HFEngine] = cls
+        if cls is HFEngine and step == "packed":
+            if config.lora.enable_lora:
+                raise ConfigError("option.hf_step=packed cannot serve LoRA adapters yet (its step is one ragged row; "
+                                  "the per-row LoRA hook needs the padded step): drop option.hf_step or "
+                                  "option.enable_lora", field="option.hf_step")
+            from djl_handlers.engines.hf_packed import PackedHFEngine
+
+            target = PackedHFEngine
+        return attach_lora(config, target.load(
             config,
             device=device,
             attn_implementation=config.hf.attn_implementation,
@@ -132,7 +166,7 @@ class HFEngine:
             max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
             max_model_len=config.max_model_len,
-        )
+        ))
 
     @classmethod
     def load(cls, config: Any = None, **kwargs: Any) -> HFEngine:
@@ -151,11 +185,23 @@ class HFEngine:
         if request.request_id in self._ids:
             raise ValueError(f"request id {request.request_id} is already in the engine")
         params = request.params
+        constraint = self.check_parameters(params)
+        compiling = self.grammar_backend().submit(constraint) if constraint is not None else None
         settings = translate(params, self.name)  # to_hf / to_deepspeed: the one greedy rule
         sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
+        lora = require_lora(self).resolve(request.adapter) if request.adapter else None
         self._ids.add(request.request_id)
-        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens)
+        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
+                   compiling=compiling)
         self._queue.append(row)
+
+    def check_parameters(self, params: Any) -> Any:
+        """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): today a
+        structured-output constraint the grammar compiler rejects. Returns the constraint or None."""
+        constraint = params.structured_output
+        if constraint is not None:
+            self.grammar_backend().check(constraint)
+        return constraint
 
     def step(self) -> list[StepOutput]:
         """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
@@ -192,6 +238,15 @@ class HFEngine:
                 row.done = True
         if all(row.done for row in batch.rows):
             self._batch = None  # free the whole cache now
+
+    def load_adapter(self, spec: Any) -> None:
+        """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora_hf`."""
+        require_lora(self).load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        """Forget a LoRA adapter; running rows keep its weights until they finish."""
+        if self.lora is not None:
+            self.lora.unload(name)
 
     def has_unfinished(self) -> bool:
         """True while any request is queued, being prefilled or running."""
@@ -285,6 +340,7 @@ class HFEngine:
         if batch is None:
             return []
         batch.grow_mask()
+        use_rows(self.lora, batch.rows)
         logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
         batch.pos = batch.pos + 1
         return self._emit(logits, batch.rows, batch)
@@ -299,7 +355,14 @@ class HFEngine:
         """Sample one token per row, store it as pending (if ``batch``), build the outputs
         (with ``prompt_lps[i]`` and top tokens for the rows that asked for them)."""
         top_n = [row.top_n for row in rows] if any(row.top_n for row in rows) else None
-        result = sample_batch(logits, [row.sampling for row in rows], top_n)
+        grammars = [row.grammar for row in rows]
+        ended = [False] * len(rows)
+        if any(g is not None for g in grammars):
+            from djl_handlers.engines.grammar import constrained_sample
+
+            result, ended = constrained_sample(logits, [row.sampling for row in rows], grammars, top_n)
+        else:
+            result = sample_batch(logits, [row.sampling for row in rows], top_n)
         tops = result.top_tokens
         if batch is not None:
             batch.pending = torch.tensor(result.tokens, dtype=torch.long, device=self.device).clamp(min=0)
@@ -315,7 +378,9 @@ class HFEngine:
             else:
                 prompt = prompt_lps[i] if prompt_lps is not None else None
                 top = tops[i] if tops is not None else None
-                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top))
+                reason = "eos_token" if ended[i] else None  # the grammar is complete
+                outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top,
+                                          finish_reason=reason))
         return outputs
 
     def _prefill(self) -> list[StepOutput]:
@@ -323,11 +388,14 @@ class HFEngine:
         outputs: list[StepOutput] = []
         if self._partial is not None:
             outputs, budget = self._continue_partial(budget)
+        outputs += self._start_grammars()
         while self._queue and budget > 0 and self._partial is None:
             group = self._take_group(budget)
             if not group:
-                if budget == self.max_prefill_tokens and self._room() > 0:
-                    row = self._queue.popleft()
+                row = self._first_ready()
+                if (row is not None and budget == self.max_prefill_tokens and self._room() > 0
+                        and admits_row(self, row)):
+                    self._queue.remove(row)
                     self._partial = _Partial(row, self._new_cache())
                     more, budget = self._continue_partial(budget)
                     outputs += more
@@ -345,13 +413,40 @@ class HFEngine:
         group: list[_Row] = []
         longest = 0
         room = self._room()
-        while self._queue and len(group) < room:
-            n = len(self._queue[0].request.prompt_ids)
-            if (len(group) + 1) * max(longest, n) > budget:
+        for row in [r for r in self._queue if r.ready]:  # rows whose grammar compiles wait
+            if len(group) >= room:
+                break
+            n = len(row.request.prompt_ids)
+            if (len(group) + 1) * max(longest, n) > budget or not admits_row(self, row, group):
                 break
             longest = max(longest, n)
-            group.append(self._queue.popleft())
+            group.append(row)
+        for row in group:
+            self._queue.remove(row)
         return group
+
+    def _first_ready(self) -> _Row | None:
+        return next((r for r in self._queue if r.ready), None)
+
+    def grammar_backend(self) -> GrammarBackend:
+        if self._grammars is None:
+            from djl_handlers.engines.grammar import GrammarBackend
+
+            self._grammars = GrammarBackend(self.tokenizer, self._vocab, sorted(self.eos_token_ids))
+        return self._grammars
+
+    def _start_grammars(self) -> list[StepOutput]:
+        """Queued rows whose grammar is compiled get their matcher; a failed compile fails its row."""
+        if self._grammars is None:
+            return []
+        from djl_handlers.engines.grammar import start_matchers
+
+        idle = self._batch is None and self._partial is None
+        outputs: list[StepOutput] = []
+        for row, message in start_matchers(self._queue, self._grammars, idle):
+            self._queue.remove(row)
+            outputs += self._fail_rows([row], message)
+        return outputs
 
     def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
         """Prefill ``group`` as one left-padded batch and merge it. A failure of the forward (bad
@@ -362,6 +457,7 @@ class HFEngine:
             ids, mask = ids.to(self.device), mask.to(self.device)
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
             cache = self._new_cache()
+            use_rows(self.lora, group)
             prompt_lps = None
             if any(r.prompt_lp for r in group):
                 logits, hidden = self._forward_capturing(ids, mask, pos, cache)
@@ -397,6 +493,7 @@ class HFEngine:
         ids = torch.tensor([chunk], dtype=torch.long, device=self.device)
         mask = torch.ones((1, end), dtype=torch.long, device=self.device)
         pos = torch.arange(part.offset, end, device=self.device).unsqueeze(0)
+        use_rows(self.lora, [part.row])
         try:
             if part.row.prompt_lp:
                 logits, hidden = self._forward_capturing(ids, mask, pos, part.cache)

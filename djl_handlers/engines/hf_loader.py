@@ -144,9 +144,14 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
     opts = options.normalized()
     set_torch_threads(opts.torch_threads)
     model_id = resolve_model_id(opts.model_id)
-    dtype: Any = opts.dtype if opts.dtype == "auto" else getattr(torch, opts.dtype)
     # local_files_only: nothing is ever downloaded from a model hub at run time.
     common = {"trust_remote_code": opts.trust_remote_code, "revision": opts.revision, "local_files_only": True}
+    dtype: Any = opts.dtype
+    if dtype == "auto":  # per device: see hf_dtype
+        from djl_handlers.engines.hf_dtype import checkpoint_dtype, resolve_auto
+
+        dtype = resolve_auto(str(resolve_device(opts.device)), checkpoint_dtype(model_id, **common))
+    dtype = dtype if dtype == "auto" else getattr(torch, dtype)
     extra = {"attn_implementation": opts.attn_implementation} if opts.attn_implementation else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **common)

@@ -1,6 +1,7 @@
 """Dynamic-batch mode for the transformers engine: ``model.generate()`` on left-padded batches.
 
-Requests with identical sampling settings share one ``generate()`` call; each result is then cut
+Requests with identical sampling settings (and structured-output constraint: one grammar matcher
+per row, applied by a logits processor) share one ``generate()`` call; each result is then cut
 to its own ``max_new_tokens`` and first eos, and the slot logic (stops, text) runs on it as for
 the rolling batch.
 """
@@ -14,7 +15,8 @@ import torch
 
 from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
 from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
-from djl_handlers.errors import PromptTooLong
+from djl_handlers.engines.lora_hf import require_lora
+from djl_handlers.errors import PromptTooLong, message_of
 from djl_handlers.params.translate import translate
 
 
@@ -36,13 +38,23 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
         except PromptTooLong as exc:
             results[i] = [StepOutput(req.request_id, error=exc.message)]
             continue
+        if req.adapter:  # LoRA: rows of one generate() may use different adapters (engines.lora_hf)
+            try:
+                require_lora(engine).resolve(req.adapter)
+            except Exception as exc:  # noqa: BLE001 - this request's own error
+                results[i] = [StepOutput(req.request_id, error=message_of(exc))]
+                continue
         settings = translate(req.params, engine.name)  # to_hf / to_deepspeed: the one greedy rule
         limits[i] = int(settings["max_new_tokens"])
-        groups.setdefault(generate_key(settings, req.params.seed), []).append(i)
+        constraint = req.params.structured_output
+        groups.setdefault((generate_key(settings, req.params.seed), constraint), []).append(i)
     with torch.inference_mode():
-        for key, members in groups.items():
+        for (key, constraint), members in groups.items():
             batch = [requests[i] for i in members]
-            outputs = _generate_group(engine, batch, [limits[i] for i in members], dict(key))
+            kwargs = dict(key)
+            if constraint is not None:
+                kwargs["logits_processor"] = _grammar_processor(engine, constraint, len(batch))
+            outputs = _generate_group(engine, batch, [limits[i] for i in members], kwargs)
             for i, outs in zip(members, outputs, strict=True):
                 results[i] = outs
     return results
@@ -54,6 +66,8 @@ def _generate_group(
     width = max(len(r.prompt_ids) for r in batch)
     pad = _pad_id(engine.tokenizer, engine.eos_token_ids)
     ids, mask = left_pad([r.prompt_ids for r in batch], pad)
+    if engine.lora is not None:
+        engine.lora.use([engine.lora.resolve(r.adapter) if r.adapter else None for r in batch])
     seed = kwargs.pop("seed", None)
     if seed is not None:
         torch.manual_seed(int(seed))
@@ -69,6 +83,18 @@ def _generate_group(
     )
     ids_by_request = [r.request_id for r in batch]
     return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, engine.eos_token_ids)
+
+
+def _grammar_processor(engine: Any, constraint: Any, rows: int) -> Any:
+    """A ``LogitsProcessorList`` holding one grammar matcher per row of the group (all rows of a
+    group share the constraint, so it is compiled once)."""
+    from transformers import LogitsProcessorList
+
+    from djl_handlers.engines.grammar import GrammarLogitsProcessor
+
+    backend = engine.grammar_backend()
+    compiled = backend.submit(constraint).result()
+    return LogitsProcessorList([GrammarLogitsProcessor([backend.matcher(compiled) for _ in range(rows)])])
 
 
 def _pad_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:

@@ -103,6 +103,9 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     }
     if getattr(config, "max_model_len", None):
         kwargs["max_seq_len"] = int(config.max_model_len)
+    kwargs.update(_lora_kwargs(config, llmapi))
+    if getattr(llmapi, "GuidedDecodingParams", None) is not None:
+        kwargs["guided_decoding_backend"] = "xgrammar"  # structured output (guided_* parameters)
     opts = getattr(config, "trtllm", None)
     if opts is None:
         return kwargs
@@ -119,6 +122,22 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     if policy is not None and getattr(llmapi, "SchedulerConfig", None) is not None:
         kwargs["scheduler_config"] = llmapi.SchedulerConfig(capacity_scheduler_policy=policy)
     return kwargs
+
+
+def _lora_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
+    """``lora_config=LoraConfig(max_lora_rank, max_loras, max_cpu_loras)`` (TensorRT-LLM 1.x); older
+    releases without ``LoraConfig`` take ``enable_lora``/``max_lora_rank``/``max_loras`` keywords."""
+    from djl_handlers.engines.vllm_engine import lora_kwargs
+
+    flat = lora_kwargs(config)
+    if not flat:
+        return {}
+    lora_config = getattr(llmapi, "LoraConfig", None)
+    if lora_config is None:
+        flat.pop("max_cpu_loras", None)
+        return flat
+    flat.pop("enable_lora")
+    return {"lora_config": lora_config(lora_dir=[], **flat)}
 
 
 class TrtLlmEngine:
@@ -139,6 +158,7 @@ class TrtLlmEngine:
         self.submit_timeout_s = submit_timeout_s
         self._ready: queue.Queue[tuple[int, _Delta]] = queue.Queue()
         self._requests: dict[int, _Request] = {}
+        self.loras: Any = None  # engines.lora_requests.EngineLoras with option.enable_lora=true
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-adapter-loop", daemon=True)
         self._thread.start()
@@ -154,7 +174,12 @@ class TrtLlmEngine:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"TensorRT-LLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         max_len = getattr(getattr(llm, "args", None), "max_seq_len", None) or kwargs.get("max_seq_len") or 2048
-        return cls(llm, max_model_len=int(max_len))
+        engine = cls(llm, max_model_len=int(max_len))
+        if "lora_config" in kwargs or kwargs.get("enable_lora"):
+            from djl_handlers.engines.lora_requests import trtllm_loras
+
+            engine.loras = trtllm_loras(llmapi)
+        return engine
 
     # -- Engine protocol ---------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
@@ -164,7 +189,8 @@ class TrtLlmEngine:
         rid = request.request_id
         state = _Request()
         self._requests[rid] = state
-        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker), self._loop)
+        lora = self._lora(request.adapter) if request.adapter else None
+        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker, lora), self._loop)
         try:
             state.result = future.result(timeout=self.submit_timeout_s)
         except ValueError as exc:
@@ -197,6 +223,26 @@ class TrtLlmEngine:
         if state is not None and not state.finished and state.result is not None:
             self._loop.call_soon_threadsafe(state.result.abort)
 
+    def load_adapter(self, spec: Any) -> None:
+        """Register a LoRA adapter (a ``LoRARequest``; TensorRT-LLM loads it on first use)."""
+        self._require_loras().load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unregister a LoRA adapter."""
+        if self.loras is not None:
+            self.loras.unload(name)
+
+    def _lora(self, name: str) -> Any:
+        return self._require_loras().request_for(name)
+
+    def _require_loras(self) -> Any:
+        if self.loras is None:
+            from djl_handlers.adapters.registry import AdapterError
+
+            raise AdapterError("LoRA adapters are not enabled for this model; set option.enable_lora=true",
+                               field="option.enable_lora")
+        return self.loras
+
     def has_unfinished(self) -> bool:
         return any(not s.finished for s in self._requests.values())
 
@@ -214,11 +260,15 @@ class TrtLlmEngine:
         from djl_handlers.params.translate import to_trtllm
 
         kwargs = to_trtllm(request.params)
+        guided = kwargs.pop("guided_decoding", None)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         if isinstance(eos, int):
             kwargs.setdefault("end_id", eos)
         try:
-            sampling = trt.SamplingParams(**fit_kwargs(trt.SamplingParams, kwargs, "tensorrt_llm"))
+            kwargs = fit_kwargs(trt.SamplingParams, kwargs, "tensorrt_llm")
+            if guided is not None:
+                kwargs["guided_decoding"] = _guided_params(trt, guided)
+            sampling = trt.SamplingParams(**kwargs)
         except (TypeError, ValueError) as exc:
             raise InvalidParameter(f"TensorRT-LLM rejected the parameters: {exc}") from exc
         stops = [] if sampling.include_stop_str_in_output else _as_list(sampling.stop)
@@ -227,8 +277,9 @@ class TrtLlmEngine:
         tracker = _Tracker(int(sampling.max_tokens), holdback, end_id, self.tokenizer)
         return sampling, tracker
 
-    async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker) -> Any:
-        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True)
+    async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker, lora: Any = None) -> Any:
+        extra = {"lora_request": lora} if lora is not None else {}
+        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
         self._loop.create_task(self._pump(rid, result, tracker))
         return result
 
@@ -291,6 +342,18 @@ def _step_outputs(rid: int, delta: _Delta) -> list[StepOutput]:
         StepOutput(rid, token_id=ids[-1], log_prob=log_probs[-1], text=delta.text, finish_reason=delta.finish_reason)
     )
     return outs
+
+
+def _guided_params(trt: Any, guided: dict[str, Any]) -> Any:
+    """``GuidedDecodingParams`` of the installed TensorRT-LLM (the LLM is built with
+    ``guided_decoding_backend="xgrammar"``); a release without it: ``InvalidParameter``."""
+    cls = getattr(getattr(trt, "llmapi", None), "GuidedDecodingParams", None)
+    cls = cls or getattr(getattr(trt, "sampling_params", None), "GuidedDecodingParams", None)
+    if cls is None:
+        version = getattr(trt, "__version__", "")
+        raise InvalidParameter(f"structured output is not supported by the installed tensorrt_llm {version}".rstrip(),
+                               field="parameters")
+    return cls(**guided)
 
 
 def _as_list(value: Any) -> Sequence[str]:

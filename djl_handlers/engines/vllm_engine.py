@@ -39,6 +39,7 @@ from djl_handlers.engines.adapters import (
     resolve_model,
     tensor_parallel_size,
     token_logprob,
+    vllm_structured_kwargs,
 )
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong
@@ -80,6 +81,20 @@ def engine_args_kwargs(config: Any) -> dict[str, Any]:
         kwargs["max_model_len"] = int(max_model_len)
     if opts is not None:
         kwargs.update(_vllm_option_kwargs(opts))
+    kwargs.update(lora_kwargs(config))
+    return kwargs
+
+
+def lora_kwargs(config: Any) -> dict[str, Any]:
+    """``enable_lora``/``max_loras``/``max_lora_rank``/``max_cpu_loras`` from ``config.lora`` (vLLM's
+    and TensorRT-LLM's names)."""
+    lora = getattr(config, "lora", None)
+    if lora is None or not lora.enable_lora:
+        return {}
+    kwargs: dict[str, Any] = {"enable_lora": True, "max_loras": int(lora.max_loras),
+                              "max_lora_rank": int(lora.max_lora_rank)}
+    if lora.max_cpu_loras:
+        kwargs["max_cpu_loras"] = int(lora.max_cpu_loras)
     return kwargs
 
 
@@ -94,7 +109,7 @@ def _vllm_option_kwargs(opts: Any) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = int(opts.max_rolling_batch_prefill_tokens)
     if opts.quantize:
         kwargs["quantization"] = opts.quantize
-    if opts.enable_lora:
+    if opts.enable_lora:  # config.lora (lora_kwargs) is the same options; kept for option groups built alone
         kwargs.update(enable_lora=True, max_loras=int(opts.max_loras), max_lora_rank=int(opts.max_lora_rank))
     return kwargs
 
@@ -140,6 +155,7 @@ class VllmEngine:
         self.max_model_len = int(model_config.max_model_len)
         self.eos_token_ids = _eos_ids(self.tokenizer)
         self._tracks: dict[int, _Track] = {}
+        self.loras: Any = None  # engines.lora_requests.EngineLoras with option.enable_lora=true
 
     @classmethod
     def from_config(cls, config: Any) -> VllmEngine:
@@ -155,6 +171,10 @@ class VllmEngine:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         adapter = cls(engine)
+        if kwargs.get("enable_lora"):
+            from djl_handlers.engines.lora_requests import vllm_loras
+
+            adapter.loras = vllm_loras(engine)
         if lmi_dist:
             adapter.name = "lmi-dist (served by vLLM)"
         return adapter
@@ -165,15 +185,24 @@ class VllmEngine:
         vllm = import_engine_library("vllm", self.name)
         from djl_handlers.params.translate import to_vllm
 
-        kwargs = fit_kwargs(vllm.SamplingParams, to_vllm(request.params), "vllm")
+        kwargs = to_vllm(request.params)
+        structured = kwargs.pop("structured_outputs", None)
+        kwargs = fit_kwargs(vllm.SamplingParams, kwargs, "vllm")
+        constraint = request.params.structured_output
         try:
+            if structured is not None:
+                kwargs.update(vllm_structured_kwargs(vllm, structured))
             sampling = vllm.SamplingParams(**kwargs)
         except (TypeError, ValueError) as exc:
             raise InvalidParameter(f"vLLM rejected the parameters: {exc}") from exc
         prompt: Any = {"prompt_token_ids": list(request.prompt_ids)} if request.prompt_ids else request.prompt
+        lora = {"lora_request": self._lora(request.adapter)} if request.adapter else {}
         try:
-            self.engine.add_request(str(request.request_id), prompt, sampling)
+            self.engine.add_request(str(request.request_id), prompt, sampling, **lora)
         except ValueError as exc:
+            if constraint is not None and "prompt" not in str(exc).lower():
+                message = f"vLLM rejected {constraint.describe()}: {exc}"
+                raise InvalidParameter(message, field=constraint.source) from exc
             raise PromptTooLong(f"vLLM rejected the prompt: {exc}", field="inputs") from exc
         self._tracks[request.request_id] = _Track()
 
@@ -208,6 +237,19 @@ class VllmEngine:
             if getattr(metric, "name", None) in _KV_METRICS and isinstance(value, (int, float)):
                 return {"kv_cache_usage": float(value)}
         return None
+
+    # -- LoRA adapters (djl_handlers.adapters) -----------------------------------------------------
+    def load_adapter(self, spec: Any) -> None:
+        """Register a LoRA adapter: ``add_lora`` (``pin_lora``) with its own ``LoRARequest``."""
+        _require_loras(self).load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unregister a LoRA adapter (``remove_lora``)."""
+        if self.loras is not None:
+            self.loras.unload(name)
+
+    def _lora(self, name: str) -> Any:
+        return _require_loras(self).request_for(name)
 
     # -- conversion --------------------------------------------------------------------------------
     def _convert(self, rid: int, track: _Track, output: Any) -> list[StepOutput]:
@@ -258,6 +300,15 @@ def _log_lmi_dist() -> None:
         LOG.warning(LMI_DIST_NOTICE)
     else:
         LOG.warning("option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is installed but not used)")
+
+
+def _require_loras(engine: Any) -> Any:
+    if engine.loras is None:
+        from djl_handlers.adapters.registry import AdapterError
+
+        raise AdapterError("LoRA adapters are not enabled for this model; set option.enable_lora=true",
+                           field="option.enable_lora")
+    return engine.loras
 
 
 def _int_id(request_id: Any) -> Optional[int]:

@@ -21,7 +21,8 @@ What the formatters read from ``out.request.extra`` (the parser copies the OpenA
 Only one choice (index 0) is produced: the parser rejects ``n > 1``. Finish reasons map
 ``eos_token``/``stop_sequence`` -> ``stop`` and ``length`` -> ``length``. A failure is the nested
 error ``{"error": {"message", "type", "param", "code"}}``: the body (non-stream) or, in a
-stream, an event after the step's tokens, then ``[DONE]``.
+stream, an event after the step's tokens, then ``[DONE]``. Replies of requests with ``tools``
+may become ``tool_calls`` (:mod:`djl_handlers.formatting.tools`).
 """
 
 from __future__ import annotations
@@ -177,6 +178,12 @@ class OpenAIJsonFormatter(Formatter):
             choice["text"] = out.full_text
             choice["logprobs"] = completion_logprobs(out, out.tokens, len(_prefix(out)))
         choice["finish_reason"] = openai_finish_reason(out)
+        if self.kind == "chat" and out.request.extra.get("tools"):
+            from djl_handlers.formatting.tools import tool_message
+
+            called = tool_message(out)
+            if called is not None:
+                choice["message"], choice["finish_reason"] = called
         body = {
             "id": response_id(out, self.kind),
             "object": "chat.completion" if self.kind == "chat" else "text_completion",

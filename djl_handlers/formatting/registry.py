@@ -42,6 +42,12 @@ from djl_handlers.request.records import RequestOutput, Token
 FormatterSpec = Union[str, Callable[..., Any], None]
 Factory = Callable[[], Formatter]
 
+def _tool_stream() -> Formatter:
+    from djl_handlers.formatting.tools import ToolStreamFormatter
+
+    return ToolStreamFormatter()
+
+
 # name -> factory; each formatter declares its own ``content_type`` (the one place it is written).
 FORMATTERS: dict[str, Factory] = {
     "json": JsonFormatter,
@@ -60,6 +66,7 @@ FORMATTERS: dict[str, Factory] = {
     # DJL v0.27's chat names keep DJL's spaced JSON separators.
     "json_chat": lambda: OpenAIJsonFormatter("json_chat", "chat", dump=dumps),
     "jsonlines_chat": lambda: OpenAIStreamFormatter("jsonlines_chat", "chat", sse=False, dump=dumps),
+    "chat_tools_sse": _tool_stream,
 }
 TGI_ALIASES = {"json": "tgi", "sse": "tgi_stream"}
 

@@ -20,6 +20,8 @@ from functools import partial
 from typing import Any, Optional
 
 from djl_handlers.errors import InvalidParameter
+from djl_handlers.params.structured import KEYS as STRUCTURED_KEYS
+from djl_handlers.params.structured import StructuredOutput, extract
 from djl_handlers.params.support import known_parameters, normalize_engine, supported_parameters
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ class GenerationParameters:
     best_of: Optional[int] = None
     n: int = 1
     min_new_tokens: int = 0
+    # structured output (guided_json/regex/choice/grammar/json_object, TGI grammar): see structured.py
+    structured_output: Optional[StructuredOutput] = None
     # bookkeeping
     engine: str = "huggingface"
     provided: frozenset[str] = field(default=frozenset(), compare=False)
@@ -106,12 +110,14 @@ class GenerationParameters:
             )
         name = normalize_engine(engine)
         ctx = _Context(name, max_new_tokens_limit)
+        constraint, data = extract(data)
         accepted, ignored = _partition(data, ctx, strict)
         values = {key: SPECS[key](key, value, ctx) for key, value in accepted.items()}
         values = {**engine_defaults(name, bool(values.get("do_sample", False))), **values}
         if "max_new_tokens" not in values:  # the default (30) never exceeds the server's cap
             values["max_new_tokens"] = min(cls.max_new_tokens, max_new_tokens_limit)
-        params = cls(**values, engine=name, provided=frozenset(accepted), ignored=tuple(ignored))
+        provided = frozenset(accepted) | ({constraint.source} if constraint else frozenset())
+        params = cls(**values, structured_output=constraint, engine=name, provided=provided, ignored=tuple(ignored))
         _cross_check(params)
         return params
 
@@ -283,7 +289,7 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(GenerationParamet
 
 
 def _unknown_message(key: str) -> str:
-    names = sorted(known_parameters() | META_KEYS | set(ALIASES))
+    names = sorted(known_parameters() | META_KEYS | set(ALIASES) | STRUCTURED_KEYS)
     close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     return f"unknown parameter {key!r}{hint}"
@@ -343,6 +349,12 @@ def _cross_check(p: GenerationParameters) -> None:
         raise InvalidParameter(
             f"parameters.min_new_tokens must be <= max_new_tokens ({p.max_new_tokens}), "
             f"got {p.min_new_tokens}",
+            field="min_new_tokens",
+        )
+    if p.structured_output is not None and p.min_new_tokens > 0:
+        raise InvalidParameter(
+            f"parameters.min_new_tokens cannot be combined with {p.structured_output.describe()}: "
+            "the constraint decides where the output ends",
             field="min_new_tokens",
         )
     if p.best_of is not None and p.best_of < p.n:

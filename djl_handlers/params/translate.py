@@ -85,6 +85,8 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
 
     Greedy (``is_sampling`` false) is ``temperature=0``; ``top_k <= 0`` becomes ``-1`` (accepted
     by every vLLM release as "off"). ``decoder_input_details`` asks for ``prompt_logprobs=1``.
+    ``structured_outputs`` (structured output) is a dict of ``StructuredOutputsParams`` keywords
+    that the adapter wraps in the installed vLLM's class.
     """
     kwargs: dict[str, Any] = {
         "n": 1,
@@ -113,7 +115,39 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
         kwargs["prompt_logprobs"] = prompt_logprobs
     if p.bad_sequences:
         kwargs["bad_words"] = list(p.bad_sequences)
+    if p.structured_output is not None:
+        kwargs["structured_outputs"] = vllm_structured(p)
     return kwargs
+
+
+def vllm_structured(p: GenerationParameters) -> dict[str, Any]:
+    """Keyword arguments for vLLM's ``StructuredOutputsParams`` (``GuidedDecodingParams`` before
+    0.11: the same five field names): exactly one of json/regex/choice/grammar/json_object."""
+    c = p.structured_output
+    assert c is not None
+    if c.kind == "json":
+        return {"json": c.schema}
+    if c.kind == "choice":
+        return {"choice": list(c.value or ())}
+    if c.kind == "json_object":
+        return {"json_object": True}
+    return {c.kind: c.value}
+
+
+def trtllm_structured(p: GenerationParameters) -> dict[str, Any]:
+    """Keyword arguments for TensorRT-LLM's ``GuidedDecodingParams`` (json, regex, grammar,
+    json_object); a choice becomes the regex that matches exactly one of the choices."""
+    from djl_handlers.params.structured import choice_regex
+
+    c = p.structured_output
+    assert c is not None
+    if c.kind == "json":
+        return {"json": c.schema}
+    if c.kind == "choice":
+        return {"regex": choice_regex(tuple(c.value or ()))}
+    if c.kind == "json_object":
+        return {"json_object": True}
+    return {c.kind: c.value}
 
 
 # TensorRT-LLM: the seed says presence/length/frequency penalties "are ignored if not provided".
@@ -123,7 +157,8 @@ _TRT_OPTIONAL = ("presence_penalty", "frequency_penalty", "length_penalty")
 def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
     """Keyword arguments for ``tensorrt_llm.SamplingParams`` (LLM API).
 
-    Temperature/top_k/top_p already carry TensorRT-LLM's own defaults (``from_dict`` with engine
+    ``guided_decoding`` (structured output) is a dict of ``GuidedDecodingParams`` keywords that
+    the adapter wraps. Temperature/top_k/top_p already carry TensorRT-LLM's own defaults (``from_dict`` with engine
     ``tensorrt_llm``); top_k=0 and top_p=0 mean greedy to the runtime. ``min_tokens`` is
     ``min_new_tokens`` when given, else ``min_length``. ``end_id``/``pad_id`` are set by the
     engine adapter from the tokenizer. ``temperature: 0`` means greedy (``top_k=1``, ``top_p=0``,
@@ -157,6 +192,8 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
     for name in _TRT_OPTIONAL:
         if name in p.provided:
             kwargs[name] = getattr(p, name)
+    if p.structured_output is not None:
+        kwargs["guided_decoding"] = trtllm_structured(p)
     return kwargs
 
 

@@ -6,9 +6,14 @@ request), the formatter name and the ``extra`` fields the OpenAI formatters read
 
 Rules (documented in docs/schema.md): ``temperature`` defaults to 1.0 and 0 means greedy, as
 OpenAI; ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``n`` and ``best_of``
-must be 1; fields that ask for features we do not have (tools, response_format, suffix, ...)
-are rejected with a 400 naming them; bookkeeping fields (``user``, ``metadata``, ``store``) are
-accepted and ignored.
+must be 1; fields that ask for features we do not have (suffix, audio, ...) are rejected with a
+400 naming them; bookkeeping fields (``user``, ``metadata``, ``store``) are accepted and ignored.
+
+Structured output (docs/structured-output.md): ``response_format`` (``text``, ``json_object``,
+``json_schema``) and vLLM's extra fields ``guided_json``/``guided_regex``/``guided_choice``/
+``guided_grammar``/``guided_json_object`` become the LMI ``guided_*`` parameters. Tool calling
+(chat): ``tools``/``tool_choice``/``parallel_tool_calls`` are handled by
+:mod:`djl_handlers.request.tools`; forced calls become a ``guided_json`` constraint.
 """
 
 from __future__ import annotations
@@ -19,16 +24,20 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest
+from djl_handlers.request.tools import check_messages, parse_tools, render_messages
 
 DEFAULT_MAX_TOKENS = 256
-IGNORED = ("user", "metadata", "store", "service_tier", "logit_bias", "parallel_tool_calls")
+IGNORED = ("user", "metadata", "store", "service_tier", "logit_bias")
+GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_json_object")
 COMMON = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
           "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "top_k",
-          "repetition_penalty")
-CHAT_KEYS = frozenset((*COMMON, *IGNORED, "messages", "top_logprobs"))
+          "repetition_penalty", "response_format", *GUIDED)
+CHAT_KEYS = frozenset((*COMMON, *IGNORED, "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"))
 COMPLETION_KEYS = frozenset((*COMMON, *IGNORED, "prompt", "echo", "best_of"))
 
-ChatTemplate = Callable[[list[dict[str, Any]]], str]
+# ``template(messages, tools=None) -> prompt``; a ``reads_tools`` attribute set to True says the
+# template renders ``tools`` itself (otherwise they are described in a system message).
+ChatTemplate = Callable[..., str]
 
 
 @dataclass
@@ -45,29 +54,31 @@ class OpenAIRequest:
 def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> OpenAIRequest:
     """Validate a ``/v1/chat/completions`` body and render its messages with the chat template."""
     _reject_unknown(body, CHAT_KEYS)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidRequest("messages must be a non-empty list of {role, content} objects", field="messages")
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", field="messages")
-        if not isinstance(msg.get("content"), str):
-            raise InvalidRequest(f"messages[{i}].content must be a string", field="messages")
-        check_text(msg["content"], "messages")
-        check_text(msg["role"], "messages")
+    messages = check_messages(body.get("messages"), check_text)
+    plan = parse_tools(body)
     if chat_template is None:
         raise InvalidRequest(
             "this model has no chat template, so chat requests are not supported; send 'inputs' or 'prompt'",
             field="messages",
         )
-    prompt = chat_template([{"role": m["role"], "content": m["content"]} for m in messages])
+    rendered, tools = render_messages(messages, plan, bool(getattr(chat_template, "reads_tools", False)))
+    prompt = chat_template(rendered, tools=tools) if tools else chat_template(rendered)
     logprobs = _bool(body.get("logprobs", False), "logprobs")
     top = body.get("top_logprobs")
     if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
         raise InvalidParameter("top_logprobs must be an integer in [0, 20]", field="top_logprobs")
     stream = _bool(body.get("stream", False), "stream")
     extra = _extra(body, logprobs=logprobs, top_logprobs=top or 0)
-    return OpenAIRequest(prompt, _common_parameters(body), stream, "chat_sse" if stream else "chat_json", extra)
+    params = _common_parameters(body)
+    if plan.schema is not None:
+        if any(k.startswith("guided_") for k in params):
+            raise InvalidParameter("a forced tool call (tool_choice) cannot be combined with response_format "
+                                   "or guided_* constraints", field="tool_choice")
+        params["guided_json"] = plan.schema
+    if plan.extra():
+        extra["tools"] = plan.extra()
+        return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", extra)
+    return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", extra)
 
 
 def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
@@ -121,7 +132,45 @@ def _common_parameters(body: dict[str, Any]) -> dict[str, Any]:
         stop = [stop]
     if stop is not None:
         params["stop_sequences"] = stop
+    params.update(_structured(body))
     return params
+
+
+def _structured(body: dict[str, Any]) -> dict[str, Any]:
+    """``response_format`` and vLLM's top-level ``guided_*`` fields as LMI parameters (one at most)."""
+    params = response_format(body.get("response_format"))
+    for key in GUIDED:
+        if body.get(key) is not None:
+            if params:
+                raise InvalidParameter(f"{key} cannot be combined with response_format or another guided_* field",
+                                       field=key)
+            params[key] = body[key]
+    return params
+
+
+def response_format(value: Any) -> dict[str, Any]:
+    """LMI ``guided_*`` parameters for OpenAI's ``response_format`` (``text``: none)."""
+    if value is None:
+        return {}
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"guided_json_object": True}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise InvalidParameter('response_format.json_schema must be {"name": ..., "schema": {...}}',
+                                   field="response_format")
+        schema = spec.get("schema", {"type": "object"})
+        if not isinstance(schema, dict):
+            raise InvalidParameter("response_format.json_schema.schema must be a JSON Schema object",
+                                   field="response_format")
+        if not isinstance(spec.get("strict", False), (bool, type(None))):
+            raise InvalidParameter("response_format.json_schema.strict must be true or false", field="response_format")
+        return {"guided_json": schema}
+    raise InvalidParameter('response_format.type must be "text", "json_object" or "json_schema"',
+                           field="response_format")
 
 
 def _extra(body: dict[str, Any], **fields: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
+from djl_handlers.adapters.selection import AdapterNames, openai_adapter, select_adapters
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnprocessableParameter, UnsupportedMediaType
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.params.generation import GenerationParameters
@@ -25,8 +26,8 @@ from djl_handlers.request.bedrock import bedrock_to_lmi
 from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
 from djl_handlers.request.records import FormatterFunction, Request
 
-TOP_LEVEL_KEYS = ("inputs", "parameters", "stream")
-TGI_NULL_ONLY = ("grammar", "adapter_id")
+TOP_LEVEL_KEYS = ("inputs", "parameters", "stream", "adapters")
+TGI_NULL_ONLY: tuple[str, ...] = ()  # TGI's grammar is structured output (params/structured.py)
 META_PARAMETERS = ("stream", "output_formatter")
 
 # A custom input formatter from model.py: (input item, settings) -> a JSON-like request body.
@@ -46,6 +47,7 @@ class ParserSettings:
     input_formatter: Optional[InputFormatter] = None
     chat_template: Optional[ChatTemplate] = None
     bedrock_compat: bool = False
+    adapters: Optional[AdapterNames] = None  # the service's adapter registry; None: LoRA disabled
 
 
 def decode_body(item: Any) -> Any:
@@ -99,9 +101,11 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         )
     api = (item.get_property(API_PROPERTY) or "").strip().lower()
     if api == "chat" or (not api and "messages" in body and "inputs" not in body):
-        return _openai_request(item, chat_to_lmi(body, settings.chat_template), settings)
+        body, picked = _openai_adapters(body, item, settings)
+        return _openai_request(item, chat_to_lmi(body, settings.chat_template), settings, picked)
     if api == "completion" or (not api and not settings.bedrock_compat and "prompt" in body and "inputs" not in body):
-        return _openai_request(item, completion_to_lmi(body), settings)
+        body, picked = _openai_adapters(body, item, settings)
+        return _openai_request(item, completion_to_lmi(body), settings, picked)
     if api in ("tgi", "tgi_stream"):
         body = _tgi_body(body, stream=api == "tgi_stream")
     elif settings.bedrock_compat and "prompt" in body and "inputs" not in body:
@@ -124,6 +128,8 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         raise InvalidParameter("parameters.output_formatter must be a string", field="output_formatter")
     gen = _generation_parameters(item, params, settings)
     prompt = inputs if isinstance(inputs, str) else inputs[0]
+    count = 1 if isinstance(inputs, str) else len(inputs)
+    adapters = select_adapters(body.get("adapters"), item, count, settings.adapters)
     return Request(
         prompt=prompt,
         params=gen,
@@ -132,14 +138,32 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         inputs=inputs,
         seed=gen.seed if is_sampling(gen) else None,
         properties=dict(item.get_properties()),
+        adapters=adapters,
     )
 
 
-def _openai_request(item: Any, req: OpenAIRequest, settings: ParserSettings) -> Request:
+def _openai_adapters(
+    body: dict[str, Any], item: Any, settings: ParserSettings
+) -> tuple[dict[str, Any], tuple[Optional[str], ...]]:
+    """The body without ``adapters``, and the adapter chosen by ``adapters``, the SageMaker header
+    or ``model`` (``"base:adapter"`` or an adapter's name)."""
+    rest = {k: v for k, v in body.items() if k != "adapters"}
+    picked = select_adapters(body.get("adapters"), item, 1, settings.adapters)
+    if not picked:
+        by_model = openai_adapter(body.get("model"), settings.adapters)
+        picked = (by_model,) if by_model else ()
+    return rest, picked
+
+
+def _openai_request(item: Any, req: OpenAIRequest, settings: ParserSettings,
+                    adapters: tuple[Optional[str], ...] = ()) -> Request:
     gen = _generation_parameters(item, req.parameters, settings)
+    extra = dict(req.extra)
+    if adapters and adapters[0]:
+        extra["model"] = adapters[0]  # the response names the adapter that answered
     return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
                    inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
-                   properties=dict(item.get_properties()), extra=req.extra)
+                   properties=dict(item.get_properties()), extra=extra, adapters=adapters)
 
 
 def _generation_parameters(item: Any, params: dict[str, Any], settings: ParserSettings) -> GenerationParameters:
@@ -171,6 +195,7 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     if "inputs" in body and not isinstance(body["inputs"], str):
         raise InvalidRequest(f"inputs must be a string (TGI), got {type(body['inputs']).__name__}", field="inputs")
     params = dict(params)  # TGI's `stop` is an accepted alias of stop_sequences (from_dict checks both)
+    adapter_id = params.pop("adapter_id", None)  # TGI's LoRA selection = our top-level "adapters"
     for key in TGI_NULL_ONLY:
         if params.pop(key, None) is not None:
             raise InvalidParameter(f"parameters.{key} is not supported", field=key)
@@ -188,7 +213,10 @@ def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
         raise InvalidParameter("decoder_input_details is not supported when streaming tokens",
                                field="decoder_input_details")
     params["output_formatter"] = "tgi_stream" if stream else "tgi"
-    return {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
+    tgi = {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
+    if adapter_id is not None or body.get("adapters") is not None:
+        tgi["adapters"] = adapter_id if adapter_id is not None else body.get("adapters")
+    return tgi
 
 
 def _tgi_check_temperature(value: Any) -> None:

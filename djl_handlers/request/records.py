@@ -42,6 +42,7 @@ class Request:
     ``output_formatter`` is a registered formatter name or a custom callable. ``seed`` is the
     seed the request samples with, resolved once by the parser (client's, else the front end's,
     else random; equal to ``params.seed``), and None for a greedy request.
+    ``adapters``: the LoRA adapter of each prompt (None = base model); empty when none was named.
     """
 
     prompt: str
@@ -52,6 +53,11 @@ class Request:
     seed: Optional[int] = None
     properties: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    adapters: tuple[Optional[str], ...] = ()
+
+    def adapter_of(self, index: int = 0) -> Optional[str]:
+        """The adapter of prompt ``index`` (None: the base model)."""
+        return self.adapters[index] if index < len(self.adapters) else None
 
 
 @dataclass

@@ -48,10 +48,13 @@ class FormattedBody:
 FormatterFor = Callable[[Request], Optional[Any]]
 
 
-def _new_slot(engine: Engine, request: Request, prompt: str, whole: bool = False) -> tuple[RequestSlot, list[int]]:
-    """A slot for one prompt; ``whole`` keeps the request itself (a formatter needs its extras)."""
+def _new_slot(engine: Engine, request: Request, prompt: str, index: int = 0,
+              whole: bool = False) -> tuple[RequestSlot, list[int]]:
+    """A slot for prompt ``index``; ``whole`` keeps the request itself (a formatter needs its extras)."""
     ids = tokenize_prompt(engine, request, prompt)
-    sub = request if whole else Request(prompt=prompt, params=request.params, inputs=prompt)
+    adapter = request.adapter_of(index)
+    sub = request if whole else Request(prompt=prompt, params=request.params, inputs=prompt,
+                                        adapters=(adapter,) if adapter else ())
     slot = RequestSlot(
         sub, _NoFormatter(), next(_IDS), ids, engine.tokenizer, engine.eos_token_ids, engine.max_model_len
     )
@@ -70,14 +73,17 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
     formatters: dict[int, Any] = {}
     errors: dict[int, Any] = {}
     groups: dict[Any, list[tuple[RequestSlot, list[int]]]] = defaultdict(list)
+    check = getattr(engine, "check_parameters", None)  # engines that can reject parameters up front
     for index, request in enumerate(requests):
         try:
+            if check is not None:
+                check(request.params)
             formatter = formatter_for(request) if formatter_for is not None else None
             if formatter is not None and isinstance(request.inputs, str):
                 formatters[index] = formatter
                 made = [_new_slot(engine, request, request.prompt, whole=True)]
             else:
-                made = [_new_slot(engine, request, p) for p in _prompts(request)]
+                made = [_new_slot(engine, request, p, i) for i, p in enumerate(_prompts(request))]
         except Exception as exc:  # noqa: BLE001 - this request's own error
             errors[index] = error_body(exc)
             continue
@@ -102,7 +108,8 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
 
 
 def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> None:
-    reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt) for s, ids in members]
+    reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt, s.request.adapter_of(0))
+            for s, ids in members]
     try:
         if isinstance(engine, StaticEngine):
             for (slot, _), outputs in zip(members, engine.generate_static(reqs), strict=True):
@@ -140,10 +147,11 @@ def _step_loop(engine: Engine, reqs: list[EngineRequest], by_id: dict[int, Reque
 def stream_dynamic_request(engine: Engine, request: Request) -> Iterator[list[str]]:
     """Streaming for one dynamic-batch request: yields, per step, the new text of each prompt
     (DJL's default stream formatter turns each list into an ``{"outputs": [...]}`` line)."""
-    made = [_new_slot(engine, request, p) for p in _prompts(request)]
+    made = [_new_slot(engine, request, p, i) for i, p in enumerate(_prompts(request))]
     by_id = {s.request_id: s for s, _ in made}
     for slot, ids in made:
-        engine.add_request(EngineRequest(slot.request_id, ids, request.params, slot.request.prompt))
+        engine.add_request(EngineRequest(slot.request_id, ids, request.params, slot.request.prompt,
+                                         slot.request.adapter_of(0)))
     live = set(by_id)
     try:
         while live:

@@ -64,7 +64,8 @@ class RollingBatch:
         )
         self.slots.append(slot)
         try:
-            self.engine.add_request(EngineRequest(slot_id, prompt_ids, request.params, request.prompt))
+            self.engine.add_request(EngineRequest(slot_id, prompt_ids, request.params, request.prompt,
+                                                    request.adapter_of(0)))
             slot.in_engine = True
         except Exception as exc:  # noqa: BLE001
             slot.fail(message_of(exc), status_of(exc))

@@ -52,7 +52,7 @@ class RequestSlot:
         self._stops = StopSequenceMatcher(params.stop_sequences or ())
         # The stop string is removed from the text (docs/parameters.md): text that could be the start
         # of one is held back until it cannot be, unless include_stop_str_in_output keeps it.
-        self._keep_stop = bool(getattr(params, "include_stop_str_in_output", False))
+        self._keep_stop = bool(params.include_stop_str_in_output)
         self._hold = 0 if self._keep_stop or not self._stops else max(len(x) for x in params.stop_sequences) - 1
         self._held = ""
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from djl_handlers.extensions import API_PROPERTY, REQUEST_ID_PROPERTY
 from djl_handlers.io import wire
+from djl_handlers.server.adapters import adapter_routes
 from djl_handlers.server.protocol import WorkerRequest
 from djl_handlers.server.request_id import RequestIdMiddleware
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
@@ -189,5 +190,6 @@ def create_app(runtime: ModelRuntime) -> Starlette:
         Route("/generate", ep.routed("tgi"), methods=["POST"]),
         Route("/generate_stream", ep.routed("tgi_stream"), methods=["POST"]),
         Route("/", ep.routed("tgi"), methods=["POST"]),
+        *adapter_routes(runtime),  # DJL's adapter management API (server/adapters.py)
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(RequestIdMiddleware)])

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from djl_handlers.io import wire
+from djl_handlers.server.adapters import FrontAdapters, startup_adapters
 from djl_handlers.server.protocol import (
     BatchFailure,
     FrontEndBatch,
@@ -73,6 +74,7 @@ class ModelRuntime:
             max_model_len=settings.options.get("max_model_len"),
         )
         self.metrics = self.telemetry.metrics
+        self.adapters = FrontAdapters(settings.options.get("enable_lora", "").strip().lower() in ("true", "1"))
         self.accepting = True
         self.in_flight = 0
         self.outstanding: set[ResponseSink] = set()
@@ -86,8 +88,30 @@ class ModelRuntime:
     # ------------------------------------------------------------------ lifecycle
 
     def start_worker(self) -> None:
-        """Start the worker and run the init call (blocking; before the port opens)."""
+        """Start the worker and run the init call (blocking; before the port opens); with LoRA
+        enabled, register the adapters of the model directory's ``adapters/`` folder."""
         self.worker.start()
+        if self.adapters.enabled and not self.adapters.items:
+            for adapter in startup_adapters(self.settings.model_dir):
+                self._register_on_worker(adapter)
+                self.adapters.items[adapter.name] = adapter
+
+    def _start_and_replay(self) -> None:
+        """Worker thread: restart the worker and register the known adapters again (as DJL does)."""
+        self.worker.start()
+        for adapter in list(self.adapters.items.values()):
+            self._register_on_worker(adapter)
+
+    def _register_on_worker(self, adapter: Any) -> None:
+        frame = self.worker.call(*adapter.frame("register_adapter"))
+        if frame.code >= 300:
+            raise StartupError(f"Failed to register adapter {adapter.name}: {frame.message}")
+
+    async def control(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> wire.OutputFrame:
+        """One non-inference call (adapter management) on the worker thread, between batch steps."""
+        loop = asyncio.get_running_loop()
+        frame: wire.OutputFrame = await loop.run_in_executor(self._executor, self._call_drained, properties, content)
+        return frame
 
     def attach(self) -> None:
         """Start the scheduling loop and the worker watchdog on the running event loop."""
@@ -178,7 +202,7 @@ class ModelRuntime:
         _LOG.warning("worker process is not running; restarting it")
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.worker.start)
+            await loop.run_in_executor(self._executor, self._start_and_replay)
         except StartupError as exc:
             _LOG.error("worker restart failed: %s", exc)
             while self._queue:

@@ -295,12 +295,9 @@ SCHEDULER_CASES = tuple(_on_scheduler(c) for c in ROLLING_CASES if c.id.startswi
 # Cases where DJL's LmiConfigRecommender changes the configuration before the handler sees it and
 # `djl-handlers serve` does not (yet): expected to differ until the package's configuration
 # resolver mirrors it (test_compat_djl.py marks them xfail(strict=False), so they show XPASS then).
-RESOLVER_PENDING: dict[str, str] = {
-    c.id: "needs the config resolver: option.rolling_batch=auto with a local HF model_id is `disable` (dynamic "
-    "batch) on DJL, rolling batch on ours"
-    for c in ROLLING_CASES
-    if c.id.startswith("rb-") and c.id != "rb-unknown-model"
-}
+# Cases that differed before djl_handlers.config.resolve mirrored DJL's LmiConfigRecommender: none now
+# (kept so a future known difference has one place to be named, with its reason).
+RESOLVER_PENDING: dict[str, str] = {}
 
 CASES: tuple[Case, ...] = SCHEDULER_CASES + ROLLING_CASES + DYNAMIC_CASES + CUSTOM_CASES  # one server pair per model
 

@@ -38,7 +38,7 @@ class MatrixConfig:
     properties: Optional[Mapping[str, str]]  # None: no serving.properties at all (env only)
     env: Mapping[str, str] = field(default_factory=dict)
     model_id: bool = True  # False: the weights are in the model directory itself
-    ours: str = "rolling"  # what djl-handlers serve runs today: rolling | dynamic | fails
+    ours: str = "rolling"  # what djl-handlers serve runs (config.resolve, asserted): rolling | dynamic | fails
     loads: bool = True  # False: needs vLLM; both servers must refuse to start, clearly
     note: str = ""  # what else goes wrong on our server today (added to the xfail reason)
 
@@ -57,21 +57,17 @@ def _props(**options: str) -> dict[str, str]:
 
 
 CONFIGS: tuple[MatrixConfig, ...] = (
-    MatrixConfig(
-        "no-rolling-batch",
-        _props(),
-        note="; and djl-handlers serve's front end treats the unset value as dynamic batch while its "
-        "worker runs rolling batch, so the body is the worker's raw binary record (no Content-Type)",
-    ),
-    MatrixConfig("auto", _props(rolling_batch="auto", max_rolling_batch_size="4")),
-    MatrixConfig("auto-no-model-id", _props(rolling_batch="auto"), model_id=False),
+    MatrixConfig("no-rolling-batch", _props(), ours="dynamic"),
+    MatrixConfig("auto", _props(rolling_batch="auto", max_rolling_batch_size="4"), ours="dynamic"),
+    MatrixConfig("auto-no-model-id", _props(rolling_batch="auto"), model_id=False, ours="dynamic"),
     MatrixConfig(
         "scheduler-batch1",
         _props(rolling_batch="scheduler", max_rolling_batch_size="4", batch_size="1", max_batch_delay="100"),
     ),
     MatrixConfig("disable-batch2", _props(rolling_batch="disable", batch_size="2", max_batch_delay="100"),
                  ours="dynamic"),
-    MatrixConfig("scheduler-batch2", _props(rolling_batch="scheduler", batch_size="2", max_batch_delay="100")),
+    MatrixConfig("scheduler-batch2", _props(rolling_batch="scheduler", batch_size="2", max_batch_delay="100"),
+                 ours="dynamic"),
     MatrixConfig("enable-streaming", _props(rolling_batch="disable", enable_streaming="true"), ours="dynamic"),
     MatrixConfig("jsonlines", _props(rolling_batch="scheduler", output_formatter="jsonlines")),
     MatrixConfig("tgi-compat", _props(rolling_batch="scheduler", tgi_compat="true")),

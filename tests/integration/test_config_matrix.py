@@ -144,6 +144,15 @@ def _cells() -> list[Any]:
     return params
 
 
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.loads], ids=lambda c: c.id)
+def test_our_resolver_picks_djls_mode(tmp_path: Path, tiny_dir: Path, config: MatrixConfig) -> None:  # noqa: F811
+    """No server needed: the one resolver gives every configuration the mode DJL 0.34 runs."""
+    from djl_handlers.config.resolve import resolve_model
+
+    model_dir, env = write_model_dir(config, tiny_dir.resolve(), tmp_path)
+    assert resolve_model(model_dir, env).mode == djl_mode(config) == config.ours
+
+
 @pytest.mark.parametrize(("config", "kind"), _cells())
 def test_cell(pairs: PairCache, config: MatrixConfig, kind: Kind) -> None:
     ours_url, djl_url = pairs.get(config).urls()
@@ -166,11 +175,6 @@ def test_needs_vllm_fails_clearly_on_both(pairs: PairCache, config: MatrixConfig
         assert "vllm" in message.lower(), f"{side} does not name vLLM:\n{message[-3000:]}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="djl_handlers bug: without option.model_id the HF handler loads the embedded SmolLM2 "
-    "(hf_loader.resolve_model_id('')) instead of the weights in model_dir, which DJL's own handler would load",
-)
 def test_weights_in_the_model_directory_are_served() -> None:
     """``auto-no-model-id`` holds the same tiny weights as ``auto``: DJL must answer the same text."""
     with_id, without_id = CAPTURED.get("auto-json"), CAPTURED.get("auto-no-model-id-json")

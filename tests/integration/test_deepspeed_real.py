@@ -199,6 +199,30 @@ def test_seed_parameters_accepted(ds_service: InferenceService) -> None:
     assert all(abs(a["log_prob"] - b["log_prob"]) < 1e-3 for a, b in pairs)
 
 
+def test_structured_output_on_deepspeed(ds_service: InferenceService) -> None:
+    """guided_json / guided_regex / guided_choice on the DeepSpeed engine (the HF engine's xgrammar
+    path over the wrapped model), next to a free greedy request that must equal the HF engine's."""
+    import re
+
+    schema = {"type": "object", "required": ["ok", "n"],
+              "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    json_params = {"max_new_tokens": 30, "guided_json": schema, "details": True}
+    script: Script = [
+        ({"inputs": "Answer in JSON:", "parameters": json_params}, 0),
+        ({"inputs": "Phone:", "parameters": {"max_new_tokens": 20, "guided_regex": "[0-9]{3}-[0-9]{4}"}}, 0),
+        ({"inputs": "Yes or no?", "parameters": {"max_new_tokens": 8, "guided_choice": ["yes", "no"]}}, 1),
+        (GREEDY[0][0], 1),  # bodies come back in submission order: joins ascending
+    ]
+    value, phone, choice, free = run_script(ds_service.handle, script)
+    parsed = json.loads(value["generated_text"])
+    assert isinstance(parsed["ok"], bool) and 0 <= parsed["n"] <= 9
+    assert value["details"]["finish_reason"] == "eos_token"
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", phone["generated_text"])
+    assert choice["generated_text"] in ("yes", "no")
+    alone = run_script(ds_service.handle, [(GREEDY[0][0], 0)])[0]
+    assert free["generated_text"] == alone["generated_text"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -29,7 +29,8 @@ JSON = "application/json"
 ROLLING = "rolling"
 DYNAMIC = "dynamic"
 BOTH = (ROLLING, DYNAMIC)
-BOOKKEEPING = frozenset({"engine", "provided", "ignored"})
+# structured_output is built from guided_* keys: tests/unit/test_structured_params.py covers it
+BOOKKEEPING = frozenset({"engine", "provided", "ignored", "structured_output"})
 # Engines tried in this order for a field, so the field is validated rather than "not supported".
 ENGINE_ORDER = ("huggingface", "vllm", "tensorrt_llm")
 N = 4  # max_new_tokens of every body that should succeed
@@ -282,6 +283,10 @@ def top_level_cases() -> Iterator[Case]:
         yield Case(f"stream-{label}", f'{{"inputs": "x", "stream": {raw}}}'.encode(), mentions=("stream",))
         yield Case(f"stream-in-parameters-{label}",
                    f'{{"inputs": "x", "parameters": {{"stream": {raw}}}}}'.encode(), mentions=("stream",))
+    yield Case("adapters-int", b'{"inputs": "x", "adapters": 5}', mentions=("adapters",))
+    yield Case("adapters-unknown", b'{"inputs": "x", "adapters": "nope"}', status=404, mentions=("nope",))
+    yield Case("adapters-header-unknown", b'{"inputs": "x"}', status=404, mentions=("nope",),
+               headers=(("X-Amzn-SageMaker-Adapter-Identifier", "nope"),))
     for key in ("input", "Inputs", "params", "prompt_text", "model", "handler", "__proto__", ""):
         body = dumps({"inputs": "x", key: 1})
         yield Case(f"unknown-top-level-{key or 'empty'}", body, mentions=("unknown request field",
@@ -488,7 +493,6 @@ def tgi_cases() -> Iterator[Case]:
         "parameters-string": ('{"inputs": "x", "parameters": "a"}', "parameters"),
         "watermark": ('{"inputs": "x", "parameters": {"watermark": true}}', "watermark"),
         "grammar": ('{"inputs": "x", "parameters": {"grammar": {"type": "json", "value": {}}}}', "grammar"),
-        "adapter-id": ('{"inputs": "x", "parameters": {"adapter_id": "lora"}}', "adapter_id"),
         "stop-int": ('{"inputs": "x", "parameters": {"stop": 5}}', "stop"),
         "best-of-2": ('{"inputs": "x", "parameters": {"best_of": 2}}', "best_of"),
         "top-n-tokens-50": ('{"inputs": "x", "parameters": {"top_n_tokens": 50}}', "top_n_tokens"),
@@ -499,6 +503,8 @@ def tgi_cases() -> Iterator[Case]:
     }
     for label, (body, mention) in tgi.items():
         yield Case(f"tgi-{label}", body.encode(), api="tgi", mentions=(mention,))
+    yield Case("tgi-adapter-id-unknown", b'{"inputs": "x", "parameters": {"adapter_id": "lora"}}', api="tgi",
+               status=404, mentions=("lora",))
     yield Case("tgi-inputs-list", b'{"inputs": ["a"]}', api="tgi", mentions=("inputs",), modes=(ROLLING,))
     yield Case("tgi-ok", dumps({"inputs": "x", "parameters": {"max_new_tokens": N}}), api="tgi", status=200)
     yield Case("tgi-stream-string", b'{"inputs": "x", "stream": "yes"}', api="tgi", mentions=("stream",))

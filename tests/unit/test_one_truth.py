@@ -18,7 +18,7 @@ def test_every_layer_knows_the_same_engines() -> None:
     assert tuple(SUPPORT) == ENGINES
     assert set(registry.ENGINES) == {*ENGINES, "fake"}
     for engine in ENGINES:
-        assert ServingConfig.from_properties({"model_id": "m"}, engine=engine).engine == engine
+        assert ServingConfig.from_properties({"model_id": "m", "rolling_batch": "auto"}, engine=engine).engine == engine
 
 
 @pytest.mark.parametrize(("alias", "canonical"), sorted(ALIASES.items()))
@@ -26,7 +26,7 @@ def test_every_alias_means_the_same_everywhere(alias: str, canonical: str) -> No
     assert canonical_engine(alias) == canonical
     assert normalize_engine(alias) == canonical
     assert registry.canonical_name(alias) == canonical
-    assert ServingConfig.from_properties({"model_id": "m"}, engine=alias).engine == canonical
+    assert ServingConfig.from_properties({"model_id": "m", "rolling_batch": "auto"}, engine=alias).engine == canonical
 
 
 def test_dtype_option_values_are_the_table_keys() -> None:

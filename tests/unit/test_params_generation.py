@@ -305,7 +305,7 @@ def test_frozen_hashable_and_equality_ignores_bookkeeping() -> None:
 
 def test_placeholder_field_names_still_exist() -> None:
     names = {f.name for f in dataclasses.fields(GenerationParameters)}
-    assert {"engine", "provided", "ignored"} | known_parameters() == names
+    assert {"engine", "provided", "ignored", "structured_output"} | known_parameters() == names
 
 
 # -- property: nothing but InvalidParameter escapes ------------------------------------------

@@ -66,7 +66,10 @@ def _slot(fmt: str = "jsonlines", stream: bool = True, limit: int = 1 << 30, **p
         (list(b"abcdef"), {}, "abcd", "length"),
         ([ord("a"), EOS_ID, ord("b")], {}, "a", "eos_token"),
         ([ord("a"), EOS_ID, ord("b"), ord("c")], {"ignore_eos_token": True}, "abc", "length"),
-        (list(b"xSTOPy"), {"stop_sequences": ["ST"], "max_new_tokens": 6}, "xST", "stop_sequence"),
+        # the stop string is removed (docs/parameters.md); include_stop_str_in_output keeps it
+        (list(b"xSTOPy"), {"stop_sequences": ["ST"], "max_new_tokens": 6}, "x", "stop_sequence"),
+        (list(b"xSTOPy"), {"stop_sequences": ["ST"], "max_new_tokens": 6, "include_stop_str_in_output": True},
+         "xST", "stop_sequence"),
     ],
 )
 def test_slot_stops(steps: list[int], params: dict[str, Any], text: str, reason: str) -> None:
@@ -141,7 +144,9 @@ def test_rolling_batch_step_crash_fails_members_only_and_cancel_is_silent() -> N
     batch.cancel(1)
     results = batch.step()
     assert results[0][0]["code"] == 424 and "crashed" in results[0][0]["error"]
-    assert results[1][0] == {"data": "", "last": True}
+    cancelled = dict(results[1][0])
+    assert json.loads(cancelled.pop("djl_handlers_stats"))["finish_reason"] == "cancelled"
+    assert cancelled == {"data": "", "last": True, "step_token_num": 0}
     assert not engine.has_unfinished()
 
 

@@ -284,3 +284,29 @@ def test_through_the_rolling_batch(engine: Any) -> None:
     assert second["generated_text"] == " people"
     assert second["details"]["finish_reason"] == "eos_token"
     assert not engine.has_unfinished()
+
+
+def test_lora_config_and_per_request_lora(fake_trt: Any, tmp_path: Path) -> None:
+    import json
+
+    from djl_handlers.adapters.registry import AdapterError, AdapterSpec
+
+    eng = make_engine({"enable_lora": "true", "max_loras": "2", "max_lora_rank": "32", "max_cpu_loras": "4"})
+    try:
+        config = eng.llm.args.lora_config
+        assert (config.max_loras, config.max_lora_rank, config.max_cpu_loras) == (2, 32, 4)
+        folders = {}
+        for name in ("a", "b"):
+            folders[name] = tmp_path / name
+            folders[name].mkdir()
+            (folders[name] / "adapter_config.json").write_text(json.dumps({"r": 4}))
+            eng.load_adapter(AdapterSpec(name, str(folders[name])))
+        with pytest.raises(AdapterError, match="adapter_config.json"):
+            eng.load_adapter(AdapterSpec("c", str(tmp_path)))
+        for rid, name in enumerate(["b", None, "a"]):
+            eng.add_request(EngineRequest(rid, eng.tokenizer.encode("hi"), params(max_new_tokens=2), "hi", name))
+        run(eng)
+        loras = sorted((lr.lora_name, lr.lora_int_id, lr.lora_path) for lr in eng.llm.submitted_lora.values())
+        assert loras == [("a", 0, str(folders["a"])), ("b", 1, str(folders["b"]))]
+    finally:
+        eng.close()

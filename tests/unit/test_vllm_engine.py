@@ -322,3 +322,47 @@ def test_stop_string_rule_through_the_rolling_batch(fake_vllm: Any, keep: bool, 
             break
     lines = [json.loads(line) for line in data.splitlines()]
     assert "".join(line["token"]["text"] for line in lines) == text == lines[-1]["generated_text"]
+
+
+# -- LoRA adapters: one LoRARequest per registered adapter, per request -------------------------------
+def _adapter_dir(tmp_path: Path, name: str, rank: int) -> str:
+    import json
+
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": rank, "lora_alpha": 8}))
+    return str(folder)
+
+
+def test_lora_options_reach_engine_args_and_requests_carry_their_lora(fake_vllm: Any, tmp_path: Path) -> None:
+    from djl_handlers.adapters.registry import AdapterLimit, AdapterNotFound, AdapterSpec
+
+    engine = make_engine({"enable_lora": "true", "max_loras": "2", "max_lora_rank": "8", "max_cpu_loras": "3"})
+    args = engine.engine.engine_args
+    assert (args.enable_lora, args.max_loras, args.max_lora_rank, args.max_cpu_loras) == (True, 2, 8, 3)
+    engine.load_adapter(AdapterSpec("a", _adapter_dir(tmp_path, "a", 4)))
+    engine.load_adapter(AdapterSpec("b", _adapter_dir(tmp_path, "b", 8), pin=True))
+    assert engine.engine.list_loras() == {1, 2} and engine.engine.pinned == {2}
+    engine.load_adapter(AdapterSpec("a", engine.loras.requests["a"].lora_path))  # replayed registration
+    assert engine.loras.requests["a"].lora_int_id == 1 and engine.engine.list_loras() == {1, 2}
+    with pytest.raises(AdapterLimit, match="max_lora_rank"):
+        engine.load_adapter(AdapterSpec("big", _adapter_dir(tmp_path, "big", 16)))
+    for rid, name in enumerate(["a", None, "b", "a"]):
+        engine.add_request(EngineRequest(rid, engine.tokenizer.encode("hi"), params(max_new_tokens=2), "hi", name))
+    run(engine)
+    chosen = {rid: getattr(lora, "lora_name", None) for rid, lora in engine.engine.lora_of.items()}
+    assert chosen == {"0": "a", "1": None, "2": "b", "3": "a"}
+    assert engine.engine.lora_of["0"].lora_int_id == 1 and engine.engine.lora_of["0"].lora_path.endswith("/a")
+    engine.unload_adapter("a")
+    assert engine.engine.list_loras() == {2}
+    with pytest.raises(AdapterNotFound, match="'a'"):
+        engine.add_request(EngineRequest(9, engine.tokenizer.encode("hi"), params(), "hi", "a"))
+
+
+def test_lora_disabled_refuses_adapters(fake_vllm: Any, tmp_path: Path) -> None:
+    from djl_handlers.adapters.registry import AdapterError, AdapterSpec
+
+    engine = make_engine()
+    assert not engine.engine.engine_args.enable_lora
+    with pytest.raises(AdapterError, match="enable_lora"):
+        engine.load_adapter(AdapterSpec("a", _adapter_dir(tmp_path, "a", 4)))

@@ -168,6 +168,44 @@ def test_adapter_max_new_tokens_is_length_and_ignore_eos_accepted(engine: Any) -
     assert outs[-1].finish_reason == "length"
 
 
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 9},
+    },
+    "required": ["city", "rank"],
+}
+
+
+def test_adapter_structured_output_through_vllm(engine: Any) -> None:
+    """guided_json / guided_regex / guided_choice reach vLLM as StructuredOutputsParams (real API)
+    and are followed; constrained and free requests run in one batch."""
+    import re
+
+    prompt = "<|im_start|>user\nName a city in JSON.<|im_end|>\n<|im_start|>assistant\n"
+    rids = [
+        _add(engine, prompt, max_new_tokens=60, guided_json=STRUCTURED_SCHEMA),
+        _add(engine, prompt, max_new_tokens=20, guided_regex="[0-9]{3}-[0-9]{4}"),
+        _add(engine, prompt, max_new_tokens=10, guided_choice=["Paris", "Rome"]),
+        _add(engine, PROMPTS[0], max_new_tokens=8),
+    ]
+    per = _run(engine, rids)
+    value = json.loads(_text(per[rids[0]]))
+    assert isinstance(value["city"], str) and len(value["city"]) <= 12 and 1 <= value["rank"] <= 9
+    assert re.fullmatch("[0-9]{3}-[0-9]{4}", _text(per[rids[1]]))
+    assert _text(per[rids[2]]) in ("Paris", "Rome")
+    assert all(per[r][-1].finish_reason == "eos_token" for r in rids[:3])
+
+
+def test_adapter_structured_output_rejected_by_vllm_is_a_400(engine: Any) -> None:
+    from djl_handlers.errors import InvalidParameter, status_of
+
+    with pytest.raises(InvalidParameter) as info:
+        _add(engine, PROMPTS[0], max_new_tokens=5, guided_grammar="root ::= undefined_rule")
+    assert status_of(info.value) == 400 and "guided_grammar" in str(info.value)
+
+
 def test_adapter_release_aborts_in_vllm(engine: Any) -> None:
     rid = _add(engine, PROMPTS[0], max_new_tokens=500, ignore_eos_token=True)
     while not any(o.request_id == rid for o in engine.step()):

@@ -14,6 +14,23 @@ from typing import Any, Optional, Union
 
 
 @dataclass(kw_only=True)
+class GuidedDecodingParams:
+    """Mirror of ``tensorrt_llm.sampling_params.GuidedDecodingParams``: exactly one of json (schema
+    dict, pydantic model or string), regex, grammar (EBNF), json_object, structural_tag."""
+
+    json: Union[str, dict, None] = None
+    regex: Optional[str] = None
+    grammar: Optional[str] = None
+    json_object: bool = False
+    structural_tag: Optional[str] = None
+
+    def _validate(self) -> None:
+        count = sum(v is not None for v in (self.json, self.regex, self.grammar, self.structural_tag))
+        if count + int(self.json_object) != 1:
+            raise ValueError(f"Only one guided decoding type is allowed, got {self}")
+
+
+@dataclass(kw_only=True)
 class SamplingParams:
     """Sampling parameters for text generation (TensorRT-LLM LLM API names and defaults)."""
 
@@ -57,7 +74,7 @@ class SamplingParams:
     return_perf_metrics: bool = False
     additional_model_outputs: Optional[list[Any]] = None
     lookahead_config: Any = None
-    guided_decoding: Any = None
+    guided_decoding: Optional[GuidedDecodingParams] = None
     ignore_eos: bool = False
     detokenize: bool = True
     add_special_tokens: bool = True
@@ -72,6 +89,8 @@ class SamplingParams:
             self.pad_id = self.end_id
         self.best_of = self.best_of or self.n
         self._validate()
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
 
     @property
     def _greedy_decoding(self) -> bool:

@@ -8,7 +8,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.engine.llm_engine import LLMEngine
 from vllm.inputs import TextPrompt, TokensPrompt
 from vllm.outputs import CompletionOutput, RequestOutput
-from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 __version__ = "0.0.0+djl_handlers.fake"
 IS_FAKE = True
@@ -20,6 +20,7 @@ __all__ = [
     "RequestOutput",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsParams",
     "TextPrompt",
     "TokensPrompt",
 ]

@@ -23,6 +23,33 @@ class RequestOutputKind(Enum):
     FINAL_ONLY = 2
 
 
+@dataclass
+class StructuredOutputsParams:
+    """Mirror of ``vllm.sampling_params.StructuredOutputsParams`` (vLLM 0.11+; ``GuidedDecodingParams``
+    before): exactly one of json/regex/choice/grammar/json_object/structural_tag."""
+
+    json: Union[str, dict, None] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[str] = None
+    structural_tag: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        count = sum(
+            value is not None
+            for value in (self.json, self.regex, self.choice, self.grammar, self.json_object, self.structural_tag)
+        )
+        if count > 1:
+            raise ValueError(
+                "You can only use one kind of structured outputs constraint but multiple are specified: "
+                f"{self.__dict__}"
+            )
+
+
 @dataclass(kw_only=True)
 class SamplingParams:
     """Sampling parameters for text generation (vLLM field names and defaults)."""
@@ -49,7 +76,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     output_text_buffer_length: int = 0
-    structured_outputs: Any = None
+    structured_outputs: Optional[StructuredOutputsParams] = None
     logit_bias: Optional[dict[int, float]] = None
     allowed_token_ids: Optional[list[int]] = None
     extra_args: Optional[dict[str, Any]] = None

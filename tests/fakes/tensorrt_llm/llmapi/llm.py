@@ -40,6 +40,8 @@ _KNOWN_KWARGS = {
     "enable_lora",
     "max_lora_rank",
     "max_loras",
+    "lora_config",
+    "guided_decoding_backend",
 }
 
 
@@ -88,11 +90,13 @@ class LLM:
             trust_remote_code=trust_remote_code,
             max_batch_size=kwargs.get("max_batch_size", 2048),
             max_seq_len=kwargs.get("max_seq_len", 2048),
-            **{k: v for k, v in kwargs.items() if k not in ("max_batch_size", "max_seq_len")},
+            lora_config=kwargs.get("lora_config"),
+            **{k: v for k, v in kwargs.items() if k not in ("max_batch_size", "max_seq_len", "lora_config")},
         )
         self.tokenizer = None if skip_tokenizer_init else ToyTokenizer()
         self.iteration_s = 0.001
         self.submitted: dict[int, SamplingParams] = {}
+        self.submitted_lora: dict[int, Any] = {}
         self._ids = itertools.count(1)
         self._active: dict[int, _Active] = {}
         self._cancel: set[int] = set()
@@ -124,6 +128,10 @@ class LLM:
             )
         rid = next(self._ids)
         result = RequestOutput(rid, prompt, ids, params, streaming, self.tokenizer, self._abort_request)
+        if lora_request is not None:
+            if self.args.lora_config is None:
+                raise ValueError("LoRA request given but the LLM was built without lora_config")
+            self.submitted_lora[rid] = lora_request
         with self._lock:
             self.submitted[rid] = params
             self._active[rid] = _Active(result, params, ids[-1])

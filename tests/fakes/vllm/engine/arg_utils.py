@@ -34,3 +34,4 @@ class EngineArgs:
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None

@@ -16,8 +16,12 @@ Behaviour copied from the real engine, because the adapter depends on it:
 - ``logprobs``/``cumulative_logprob`` are ``None`` unless ``SamplingParams.logprobs`` is set.
 - ``abort_request(request_ids: list[str])`` drops requests; aborted requests get no output.
 
+- LoRA: ``add_request(..., lora_request=LoRARequest)`` needs ``enable_lora`` and loads the adapter on
+  demand; ``add_lora``/``remove_lora``/``pin_lora``/``list_loras`` as in vLLM; a rank above
+  ``max_lora_rank`` is a ``ValueError``. (The toy model's tokens do not depend on the adapter.)
+
 Fake-only knobs (not in vLLM): ``tokens_per_step`` (speculative decoding: several tokens per
-request per step) and the inspection lists ``added``/``aborted``.
+request per step) and the inspection lists ``added``/``aborted``/``lora_of``.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ class LLMEngine:
         self.added: dict[str, SamplingParams] = {}
         self.aborted: list[str] = []
         self.steps = 0
+        self.loras: dict[int, Any] = {}
+        self.pinned: set[int] = set()
+        self.lora_of: dict[str, Any] = {}
 
     @classmethod
     def from_engine_args(
@@ -117,11 +124,53 @@ class LLMEngine:
                 f"The decoder prompt (length {len(ids)}) is longer than the maximum model length "
                 f"of {self.model_config.max_model_len}."
             )
+        if lora_request is not None:
+            if not self.engine_args.enable_lora:
+                raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+            self._check_lora(lora_request)
+            self.loras.setdefault(lora_request.lora_int_id, lora_request)  # vLLM loads it on demand
+        _validate_structured(params.structured_outputs)
         seq = _Seq(request_id, text, ids, params)
         if params.temperature >= _SAMPLING_EPS:  # vLLM: temperature 0 is greedy
             seq.rng = random.Random(params.seed)
         self._seqs[request_id] = seq
         self.added[request_id] = params
+        self.lora_of[request_id] = lora_request
+
+    # -- LoRA (vLLM's LLMEngine.add_lora/remove_lora/pin_lora/list_loras) --------------------------
+    def _check_lora(self, lora_request: Any) -> None:
+        import json
+        import os
+
+        config = os.path.join(lora_request.lora_path, "adapter_config.json")
+        if not os.path.isfile(config):
+            raise ValueError(f"Loading lora {lora_request.lora_name} failed: No adapter found for "
+                             f"{lora_request.lora_path}")
+        with open(config, encoding="utf-8") as handle:
+            rank = int(json.load(handle).get("r", 8))
+        if rank > self.engine_args.max_lora_rank:
+            raise ValueError(f"LoRA rank {rank} is greater than max_lora_rank {self.engine_args.max_lora_rank}.")
+
+    def add_lora(self, lora_request: Any) -> bool:
+        if not self.engine_args.enable_lora:
+            raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        self._check_lora(lora_request)
+        if lora_request.lora_int_id in self.loras:
+            return False  # as vLLM's LRU adapter manager: already loaded
+        self.loras[lora_request.lora_int_id] = lora_request
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.loras.pop(lora_id, None) is not None
+
+    def pin_lora(self, lora_id: int) -> bool:
+        if lora_id not in self.loras:
+            raise ValueError(f"LoRA {lora_id} is not registered")
+        self.pinned.add(lora_id)
+        return True
+
+    def list_loras(self) -> set[int]:
+        return set(self.loras)
 
     def _prompt(self, prompt: Any) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
@@ -208,3 +257,19 @@ class LLMEngine:
             stop_reason=seq.stop_reason,
         )
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_ids, None, [completion], finished)
+
+
+def _validate_structured(so: Any) -> None:
+    """Like vLLM's input processor: a malformed JSON schema or an empty constraint is a ValueError
+    (the toy model does not follow the constraint; the adapter's translation is what is tested)."""
+    if so is None:
+        return
+    if isinstance(so.json, str):
+        import json
+
+        try:
+            json.loads(so.json)
+        except ValueError as exc:
+            raise ValueError(f"Invalid JSON schema for structured outputs: {exc}") from None
+    if all(getattr(so, k) is None for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")):
+        raise ValueError("Structured outputs params must have at least one constraint")
