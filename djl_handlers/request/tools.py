@@ -64,8 +64,8 @@ def parse_tools(body: dict[str, Any]) -> ToolPlan:
         if choice not in (None, "none"):
             raise InvalidParameter("tool_choice needs tools", field="tool_choice")
         return ToolPlan(parallel=parallel)
-    if not isinstance(raw, list):
-        raise InvalidParameter("tools must be a list of function tools", field="tools")
+    if not isinstance(raw, list) or not raw:
+        raise InvalidParameter("tools must be a non-empty list of function tools (omit it for none)", field="tools")
     tools = [_tool(t, i) for i, t in enumerate(raw)]
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) != len(names):
