@@ -34,7 +34,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterato
         for name, lines in {
             "dynamic": ("batch_size=2", "max_batch_delay=10", "option.rolling_batch=disable"),
             "dynamic-streaming": ("option.rolling_batch=disable", "option.enable_streaming=true"),
-            "rolling": ("option.rolling_batch=auto", "option.dtpye=fp32"),
+            "rolling": ("option.rolling_batch=scheduler", "option.dtpye=fp32"),
         }.items():
             model = _model(root, tiny_dir, name, *lines)
             if name == "rolling":  # a model.py without handle(): the worker falls back to the HF handler (DJL 0.34)

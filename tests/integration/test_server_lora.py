@@ -28,7 +28,7 @@ PROPERTIES = """engine=Python
 option.entryPoint=djl_handlers.huggingface
 option.model_id={model}
 option.dtype=fp32
-option.rolling_batch=auto
+option.rolling_batch=scheduler
 option.max_rolling_batch_size=8
 option.enable_lora=true
 option.max_loras=4

@@ -49,7 +49,7 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Ite
     model.mkdir()
     (model / "serving.properties").write_text(
         "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
-        f"option.model_id={tiny_dir}\noption.rolling_batch=auto\noption.max_rolling_batch_size=8\n"
+        f"option.model_id={tiny_dir}\noption.rolling_batch=scheduler\noption.max_rolling_batch_size=8\n"
         "option.dtype=fp32\n", encoding="utf-8")
     server = ServerProcess(model, base / "server.log")
     yield server
