@@ -257,6 +257,17 @@ def _params() -> list[Any]:
 # =========================================================================== part 1: black box
 def check_semantics(case: Case, replies: list[Reply]) -> None:
     """Facts about our server's replies that do not depend on the other server."""
+    if case.model == "hf-tiny" and case.id.startswith("rb-") and case.id != "rb-unknown-model":
+        # option.rolling_batch=auto with a local HF folder is dynamic batch on DJL 0.34, and so on
+        # our server (config/resolve.py): answers are lists, refusals are 200 bodies with code 400
+        for reply in replies:
+            body = json.loads(reply.body)
+            assert reply.status == 200 and reply.content_type == "application/json", reply
+            if case.id in ("rb-bad-json", "rb-bad-parameter", "rb-unknown-parameter"):
+                assert body["code"] == 400 and body["message"] == "invalid request", body
+            else:
+                assert isinstance(body, list) and all("generated_text" in x for x in body), body
+        return
     for reply in replies:
         assert reply.status in case.expect_status, reply
         assert reply.content_type is not None
@@ -265,7 +276,8 @@ def check_semantics(case: Case, replies: list[Reply]) -> None:
     if kind == "rb-json-full-text-stop":
         body = json.loads(first.body)
         assert body["generated_text"].startswith("Deep learning is ")
-        assert body["generated_text"].endswith(" Average")
+        # the stop string is removed (docs/parameters.md), on both servers
+        assert not body["generated_text"].endswith(" Average") and " Average" not in body["generated_text"]
         assert body["details"]["finish_reason"] == "stop_sequence"
     elif kind.startswith("rb-jsonlines"):
         lines = [json.loads(line) for line in first.body.decode().splitlines()]

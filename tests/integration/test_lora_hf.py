@@ -54,7 +54,8 @@ def _call(service: InferenceService, kind: str, name: str, src: Optional[Path] =
 
 def _service(model_dir: Path, **options: str) -> InferenceService:
     service = InferenceService("huggingface")
-    init = {"model_id": str(model_dir), "dtype": "fp32", "enable_lora": "true", "max_loras": "4", **options}
+    init = {"model_id": str(model_dir), "dtype": "fp32", "enable_lora": "true", "max_loras": "4",
+            "rolling_batch": "auto", **options}
     assert service.handle(Input.from_parts(init, ())) is None
     return service
 
