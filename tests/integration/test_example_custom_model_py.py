@@ -39,7 +39,8 @@ def test_model_py_without_entry_point_falls_back_to_the_hf_handler(tmp_path: Pat
     source = ROOT / "serving.properties.examples" / "custom-model-py" / "model.py"
     (model / "model.py").write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
     (model / "serving.properties").write_text(
-        f"engine=Python\noption.model_id={tiny_dir}\noption.rolling_batch=scheduler\noption.dtype=fp32\n", encoding="utf-8")
+        f"engine=Python\noption.model_id={tiny_dir}\noption.rolling_batch=scheduler\noption.dtype=fp32\n",
+        encoding="utf-8")
     question = json.dumps({"question": "Hi?", "parameters": {"max_new_tokens": 3}})
     run = subprocess.run(
         [sys.executable, "-c", CLI, "generate", str(model), question],

@@ -27,7 +27,8 @@ PROMPTS = ("The capital of France is", "Deep learning is", "Once upon a time")
 ROWS: tuple[Optional[str], ...] = ("a", None, "b")
 CHECKED = 12
 OPTIONS = {"rolling_batch": "vllm", "dtype": "fp32", "max_model_len": "1024", "max_rolling_batch_size": "8",
-           "enforce_eager": "true", "gpu_memory_utilization": "0.3", "enable_lora": "true", "max_loras": "2", "max_lora_rank": "8"}
+           "enforce_eager": "true", "gpu_memory_utilization": "0.3", "enable_lora": "true", "max_loras": "2",
+           "max_lora_rank": "8"}
 
 
 @pytest.fixture(scope="module")
