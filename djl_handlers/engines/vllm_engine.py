@@ -199,7 +199,10 @@ class VllmEngine:
         lora = {"lora_request": self._lora(request.adapter)} if request.adapter else {}
         try:
             self.engine.add_request(str(request.request_id), prompt, sampling, **lora)
-        except ValueError as exc:
+        except Exception as exc:
+            # vLLM rejects input with ValueError, and since 0.11 also VLLMValidationError (not a ValueError)
+            if not isinstance(exc, ValueError) and not type(exc).__name__.endswith("ValidationError"):
+                raise
             if constraint is not None and "prompt" not in str(exc).lower():
                 message = f"vLLM rejected {constraint.describe()}: {exc}"
                 raise InvalidParameter(message, field=constraint.source) from exc
