@@ -27,10 +27,8 @@ PROMPTS = [
 
 
 @pytest.fixture(autouse=True)
-def fresh_service(monkeypatch: pytest.MonkeyPatch) -> None:
-    from djl_handlers.service import LazyService
-
-    monkeypatch.setattr(huggingface, "_service", LazyService("huggingface"))
+def fresh_service() -> None:
+    huggingface._service.initialized = False  # a fresh service per test (what TestHandler(module) does)
 
 
 def _init(handler: TestHandler) -> None:
