@@ -207,9 +207,7 @@ class HFEngine:
         """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
         try:
             with torch.inference_mode():
-                outputs = self._compact()
-                outputs += self._decode()
-                outputs += self._prefill()
+                outputs = self._advance()
         except torch.OutOfMemoryError as exc:
             self._drop_running()
             raise EngineOutOfMemory(f"out of memory during a batch step: {exc}") from exc
@@ -218,15 +216,28 @@ class HFEngine:
             raise
         return outputs
 
-    def release(self, request_id: int) -> None:
-        """Forget a request (finished or cancelled); its KV rows are gone before the next forward."""
+    def _advance(self) -> list[StepOutput]:
+        """The step itself (inside ``step``'s inference mode and failure handling)."""
+        outputs = self._compact()
+        outputs += self._decode()
+        outputs += self._prefill()
+        return outputs
+
+    def _forget(self, request_id: int) -> bool:
+        """Drop ``request_id``'s bookkeeping and queue entry; True when it may still hold KV rows."""
         if request_id not in self._ids:
-            return
+            return False
         self._ids.discard(request_id)
         for row in self._queue:
             if row.request.request_id == request_id:
                 self._queue.remove(row)
-                return
+                return False
+        return True
+
+    def release(self, request_id: int) -> None:
+        """Forget a request (finished or cancelled); its KV rows are gone before the next forward."""
+        if not self._forget(request_id):
+            return
         if self._partial is not None and self._partial.row.request.request_id == request_id:
             self._partial = None
             return

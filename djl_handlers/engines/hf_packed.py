@@ -33,7 +33,7 @@ from djl_handlers.engines.hf_engine import HFEngine, _Row
 from djl_handlers.engines.hf_packed_attn import build_meta, packed_mode
 from djl_handlers.engines.hf_paged_kv import SlotKV
 from djl_handlers.engines.hf_prefill import prompt_lps
-from djl_handlers.errors import ConfigError, EngineOutOfMemory
+from djl_handlers.errors import ConfigError
 
 LOG = logging.getLogger(__name__)
 
@@ -92,31 +92,18 @@ class PackedHFEngine(HFEngine):
         return HFEngine(model, tokenizer, **engine_kwargs)
 
     # ------------------------------------------------------------------ protocol
-    def step(self) -> list[StepOutput]:
+    def _advance(self) -> list[StepOutput]:
         """One packed forward: every decoding request gets a token, admitted prompts advance."""
-        try:
-            with torch.inference_mode():
-                outputs = self._fail_full()
-                plan = self._plan()
-                if plan.decode or plan.chunks:
-                    outputs += self._run(plan)
-        except torch.OutOfMemoryError as exc:
-            self._drop_running()
-            raise EngineOutOfMemory(f"out of memory during a batch step: {exc}") from exc
-        except Exception:
-            self._drop_running()
-            raise
+        outputs = self._fail_full()
+        plan = self._plan()
+        if plan.decode or plan.chunks:
+            outputs += self._run(plan)
         return outputs
 
     def release(self, request_id: int) -> None:
         """Forget a request; its slot is free at once (nothing is copied)."""
-        if request_id not in self._ids:
+        if not self._forget(request_id):
             return
-        self._ids.discard(request_id)
-        for row in self._queue:
-            if row.request.request_id == request_id:
-                self._queue.remove(row)
-                return
         for seq in self._seqs:
             if seq.row.request.request_id == request_id:
                 self._free(seq)
