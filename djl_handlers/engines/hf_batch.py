@@ -2,9 +2,10 @@
 the padded batches and outputs of the static ``generate()`` path.
 
 Rows are left-padded to a common length ``T``. Per layer, keys/values live in a preallocated
-slab ``[B, kv_heads, capacity, head_dim]``; the cache exposes the view ``[:, :, :T]``. A decode
-step writes one column in place instead of concatenating (``DynamicLayer`` copies the whole
-cache on every token), and the slab grows by ``GROW`` columns when full.
+slab with spare rows and spare columns on both sides; the cache exposes the view of the rows and
+columns in use (see :class:`SlabLayer`). A decode step writes one column in place instead of
+concatenating (``DynamicLayer`` copies the whole cache on every token); a join copies only the new
+rows, a leave only the rows moved into the holes, and the slab grows by ``GROW`` columns when full.
 
 ``KVBatch`` holds the slab cache plus the per-row tensors the engine needs: ``mask`` [B, T]
 (1 = real token), ``pos`` [B] (true length = position id of the pending token) and ``pending``
@@ -28,13 +29,24 @@ GROW = 128  # columns added to a full slab (amortises reallocation to one copy p
 
 
 class SlabLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys/values are views into a preallocated, growable slab."""
+    """A ``DynamicLayer`` whose keys/values are views into a preallocated, growable slab.
+
+    The slab is ``[row capacity, kv_heads, column capacity, head_dim]``; the layer exposes rows
+    ``[:rows]`` and columns ``[start:end]``. Room is kept on both sides of the columns: decode
+    writes at ``end``; a merged prompt longer than the batch moves ``start`` left; trimming common
+    left padding moves it right. Rows join into spare row slots and leave by moving the last rows
+    into their holes (:meth:`move_rows`), so a join or a leave copies only the rows that move,
+    never the whole cache. A slab is reallocated (one copy) only when it runs out of room; spare
+    capacity is allocated but untouched, so it costs address space, not memory, until used.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
-        self._len = 0
+        self._rows = 0
+        self._start = 0
+        self._end = 0
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -45,13 +57,15 @@ class SlabLayer(DynamicLayer):
             self.device = key_states.device
             self.adopt(key_states, value_states)
             return self.views()
-        need = self._len + key_states.shape[-2]
-        if need > self._k.shape[-2] or key_states.shape[0] != self._k.shape[0]:
-            self.adopt(*self.views(), extra=need - self._len)
-        assert self._k is not None and self._v is not None
-        self._k[:, :, self._len : need] = key_states
-        self._v[:, :, self._len : need] = value_states
-        self._set_len(need)
+        if key_states.shape[0] != self._rows:
+            raise ValueError(f"a cache of {self._rows} rows was given keys for {key_states.shape[0]} rows")
+        need = self._end + key_states.shape[-2]
+        if need > self._cap_k().shape[-2]:
+            self._realloc(self._cap_k().shape[0], self._start, need - self._end + GROW)
+        k, v = self._cap_k(), self._cap_v()
+        k[: self._rows, :, self._end : need] = key_states
+        v[: self._rows, :, self._end : need] = value_states
+        self._set(self._rows, self._start, need)
         return self.views()
 
     def views(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,54 +73,101 @@ class SlabLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None
         return self.keys, self.values
 
+    def _cap_k(self) -> torch.Tensor:
+        assert self._k is not None
+        return self._k
+
+    def _cap_v(self) -> torch.Tensor:
+        assert self._v is not None
+        return self._v
+
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, extra: int = 0) -> None:
         """Copy ``keys``/``values`` into a fresh slab with room for ``extra`` + ``GROW`` columns."""
-        self.adopt_parts([(keys, values)], keys.shape[-2], extra)
-
-    def adopt_parts(self, parts: list[tuple[torch.Tensor, torch.Tensor]], width: int, extra: int = 0) -> None:
-        """Stack row groups ``parts`` into one fresh slab, each right-aligned to ``width`` columns
-        (zeros on the left of shorter groups): one copy, no intermediate concatenation."""
-        first_k, first_v = parts[0]
-        rows = sum(k.shape[0] for k, _ in parts)
-        _, h, _, d = first_k.shape
-        capacity = width + extra + GROW
-        self._k = first_k.new_empty((rows, h, capacity, d))
-        self._v = first_v.new_empty((rows, h, capacity, first_v.shape[-1]))
-        start = 0
-        for keys, values in parts:
-            end, n = start + keys.shape[0], keys.shape[-2]
-            if n < width:
-                self._k[start:end, :, : width - n].zero_()
-                self._v[start:end, :, : width - n].zero_()
-            self._k[start:end, :, width - n : width] = keys
-            self._v[start:end, :, width - n : width] = values
-            start = end
+        rows, h, width, d = keys.shape
+        self._k = keys.new_empty((rows, h, width + extra + GROW, d))
+        self._v = values.new_empty((rows, h, width + extra + GROW, values.shape[-1]))
+        self._k[:, :, :width] = keys
+        self._v[:, :, :width] = values
         self.is_initialized = True
-        self.device = first_k.device
-        self._set_len(width)
+        self.device = keys.device
+        self._set(rows, 0, width)
 
-    def _set_len(self, n: int) -> None:
-        assert self._k is not None and self._v is not None
-        self._len = n
-        self.keys = self._k[:, :, :n]
-        self.values = self._v[:, :, :n]
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add rows right-aligned with the current ones (zeros on the left of the narrower side);
+        copies only the new rows unless the slab must grow."""
+        if self._k is None:
+            self.adopt(keys, values)
+            return
+        add, length = keys.shape[0], keys.shape[-2]
+        width = self._end - self._start
+        left = max(0, length - width)  # columns the existing rows gain on the left
+        rows = self._rows + add
+        cap_rows = self._cap_k().shape[0]
+        if rows > cap_rows or left > self._start:
+            room = self._cap_k().shape[-2] - self._end
+            self._realloc(max(rows, 2 * cap_rows), left + GROW, max(room, GROW))
+        k, v = self._cap_k(), self._cap_v()
+        start, end = self._start - left, self._end
+        if left:
+            k[: self._rows, :, start : self._start].zero_()
+            v[: self._rows, :, start : self._start].zero_()
+        new_k, new_v = k[self._rows : rows], v[self._rows : rows]
+        new_k[:, :, start : end - length].zero_()
+        new_v[:, :, start : end - length].zero_()
+        new_k[:, :, end - length : end] = keys
+        new_v[:, :, end - length : end] = values
+        self._set(rows, start, end)
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy rows ``src`` over rows ``dst`` (the columns in use only)."""
+        for slab in (self._cap_k(), self._cap_v()):
+            part = slab[:, :, self._start : self._end]
+            part[dst] = part[src]
+
+    def keep_first(self, rows: int) -> None:
+        """Expose only the first ``rows`` rows (the rest stay allocated as spare slots)."""
+        self._set(rows, self._start, self._end)
+
+    def _realloc(self, cap_rows: int, left: int, right: int) -> None:
+        """Move the content into a new slab with ``left``/``right`` spare columns around it."""
+        k, v = self._cap_k(), self._cap_v()
+        width = self._end - self._start
+        _, h, _, d = k.shape
+        new_k = k.new_empty((cap_rows, h, left + width + right, d))
+        new_v = v.new_empty((cap_rows, h, left + width + right, v.shape[-1]))
+        new_k[: self._rows, :, left : left + width] = k[: self._rows, :, self._start : self._end]
+        new_v[: self._rows, :, left : left + width] = v[: self._rows, :, self._start : self._end]
+        self._k, self._v = new_k, new_v
+        self._set(self._rows, left, left + width)
+
+    def _set(self, rows: int, start: int, end: int) -> None:
+        k, v = self._cap_k(), self._cap_v()
+        self._rows, self._start, self._end = rows, start, end
+        self.keys = k[:rows, :, start:end]
+        self.values = v[:rows, :, start:end]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only ``indices`` rows (a new, compact slab)."""
+        """Keep only ``indices`` rows, in that order (a new, compact slab)."""
         if self._k is not None:
             keys, values = self.views()
             self.adopt(keys[indices], values[indices])
 
     def crop_left(self, n: int) -> None:
-        """Drop the first ``n`` columns (common left padding)."""
+        """Drop the first ``n`` columns (common left padding): the view starts later, no copy."""
         if self._k is not None and n > 0:
-            keys, values = self.views()
-            self.adopt(keys[:, :, n:], values[:, :, n:])
+            self._set(self._rows, self._start + n, self._end)
+
+    def allocated_bytes(self) -> int:
+        """Bytes of the slab rows in use (all their columns, spare ones included)."""
+        if self._k is None or self._v is None:
+            return 0
+        per_row = (self._k[0].numel() * self._k.element_size() + self._v[0].numel() * self._v.element_size())
+        return self._rows * per_row
 
     def reset(self) -> None:
         """Forget everything."""
         self._k = self._v = None
-        self._len = 0
+        self._rows = self._start = self._end = 0
         super().reset()
 
 
@@ -143,14 +204,29 @@ class KVBatch:
         return int(self.mask.shape[1])
 
     def select(self, keep: list[int]) -> None:
-        """Keep rows ``keep`` (in order) and trim the left padding no remaining row needs."""
-        if len(keep) == len(self.rows):
+        """Keep rows ``keep`` and trim the left padding no remaining row needs. Rows past the
+        kept count move into the holes left by dropped rows (only they are copied), so the row
+        order changes; ``rows``, ``mask``, ``pos`` and ``pending`` stay aligned with the cache."""
+        kept = sorted(set(keep))
+        if len(kept) == len(self.rows):
             return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        count = len(kept)
+        holes = [i for i in range(count) if i not in set(kept)]
+        movers = [i for i in kept if i >= count]
+        order = list(range(count))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        device = self.mask.device
+        if movers:
+            src = torch.tensor(movers, dtype=torch.long, device=device)
+            dst = torch.tensor(holes, dtype=torch.long, device=device)
+            for layer in self.layers:
+                layer.move_rows(src, dst)
         for layer in self.layers:
-            layer.batch_select_indices(idx)
+            layer.keep_first(count)
+        idx = torch.tensor(order, dtype=torch.long, device=device)
         self.mask, self.pos, self.pending = self.mask[idx], self.pos[idx], self.pending[idx]
-        self.rows = [self.rows[i] for i in keep]
+        self.rows = [self.rows[i] for i in order]
         used = self.mask.any(dim=0)
         lead = int(used.int().argmax()) if bool(used.any()) else 0
         if lead > 0:
@@ -159,16 +235,16 @@ class KVBatch:
             self.mask = self.mask[:, lead:]
 
     def kv_bytes(self) -> tuple[int, int]:
-        """(bytes holding real tokens, bytes allocated) over every slab layer; padding columns and
-        the slab's spare ``GROW`` columns count as allocated but unused."""
+        """(bytes holding real tokens, bytes allocated to the rows in use) over every slab layer;
+        padding columns and each slab's spare columns count as allocated but unused."""
         allocated = used = 0
         real = int(self.mask.sum())
         for layer in self.cache.layers:
-            k, v = getattr(layer, "_k", None), getattr(layer, "_v", None)
-            if k is None or v is None:
+            k = getattr(layer, "_k", None)
+            if k is None or not isinstance(layer, SlabLayer):
                 continue
-            size = k.numel() * k.element_size() + v.numel() * v.element_size()
-            slots = k.shape[0] * k.shape[2]  # rows x capacity
+            size = layer.allocated_bytes()
+            slots = self.mask.shape[0] * k.shape[2]  # rows x column capacity
             allocated += size
             used += size * real // slots if slots else 0
         return used, allocated
@@ -179,10 +255,11 @@ class KVBatch:
         self.mask = torch.cat([self.mask, ones], dim=1)
 
     def merge(self, other: KVBatch) -> None:
-        """Append ``other``'s rows, left-padding the shorter side with zeros (masked out)."""
+        """Append ``other``'s rows, left-padding the narrower side with zeros (masked out); only
+        ``other``'s rows are copied unless a slab has to grow."""
         width = max(self.width, other.width)
         for a, b in zip(self.layers, other.layers, strict=True):
-            a.adopt_parts([a.views(), b.views()], width)
+            a.append_rows(*b.views())
         self.mask = torch.cat([pad_left(self.mask, width, 1), pad_left(other.mask, width, 1)], dim=0)
         self.pos = torch.cat([self.pos, other.pos])
         self.pending = torch.cat([self.pending, other.pending])

@@ -33,6 +33,7 @@ class LoadOptions:
     device: str = "cpu"
     revision: str | None = None
     attn_implementation: str | None = None
+    cpu_linear: str = "torch"  # "onednn": prepacked oneDNN linear layers on the CPU (hf_cpu_linear)
 
     @classmethod
     def from_config(cls, config: Any = None, **overrides: Any) -> LoadOptions:
@@ -66,9 +67,14 @@ class LoadOptions:
                 raise ConfigError(
                     f"torch_threads={self.torch_threads!r} must be a positive integer", field="torch_threads"
                 )
+        cpu_linear = str(self.cpu_linear or "torch").strip().lower()
+        if cpu_linear not in ("onednn", "torch"):
+            raise ConfigError(f"option.cpu_linear={self.cpu_linear!r} is not supported; use onednn or torch",
+                              field="option.cpu_linear")
         return replace(
             self,
             model_id=str(self.model_id or ""),
+            cpu_linear=cpu_linear,
             dtype=dtype,
             trust_remote_code=_as_bool(self.trust_remote_code, "option.trust_remote_code"),
             torch_threads=threads,
@@ -158,6 +164,11 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
         model: Any = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load model {model_id!r}: {exc}", field="option.model_id") from exc
-    model.to(resolve_device(opts.device))
+    device = resolve_device(opts.device)
+    model.to(device)
     model.eval()
+    if opts.cpu_linear == "onednn" and device == "cpu":
+        from djl_handlers.engines.hf_cpu_linear import prepack_linears
+
+        prepack_linears(model)
     return model, tokenizer

@@ -6,6 +6,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -35,20 +37,32 @@ def test_slab_grows_in_place_and_keeps_room() -> None:
 
 
 @pytest.mark.parametrize(
-    ("keep", "mask", "columns"),
+    ("keep", "columns"),
     [
-        ([0, 2], [[0, 1, 1], [1, 1, 1]], [1, 2, 3]),  # column 0 is padding for both: trimmed
-        ([1], [[1, 1, 1, 1]], [0, 1, 2, 3]),
-        ([2, 0], [[1, 1, 1], [0, 1, 1]], [1, 2, 3]),  # order follows ``keep``
+        ([0, 2], [1, 2, 3]),  # column 0 is padding for both: trimmed
+        ([1], [0, 1, 2, 3]),
+        ([2, 0], [1, 2, 3]),
+        ([0, 1, 2], [0, 1, 2, 3]),  # nothing dropped: nothing changes
     ],
 )
-def test_select_keeps_rows_and_trims_common_padding(keep: list[int], mask: list[list[int]], columns: list[int]) -> None:
-    batch, keys = _batch([[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]])
+def test_select_keeps_rows_and_trims_common_padding(keep: list[int], columns: list[int]) -> None:
+    masks = [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]
+    batch, keys = _batch(masks)
     batch.select(keep)
-    assert batch.mask.tolist() == mask and batch.rows == keep
-    expected = keys[keep][:, :, columns]
-    assert torch.equal(batch.cache.layers[0].keys, expected)
-    assert batch.pending.tolist() == keep
+    assert sorted(batch.rows) == sorted(keep)  # the order may change: rows move into holes
+    for p, r in enumerate(batch.rows):  # every per-row tensor stays aligned with the cache row
+        assert batch.mask[p].tolist() == [masks[r][c] for c in columns]
+        assert torch.equal(batch.cache.layers[0].keys[p], keys[r][:, columns])
+        assert batch.pending[p].item() == r and batch.pos[p].item() == sum(masks[r])
+
+
+def test_select_copies_only_the_rows_that_move() -> None:
+    batch, keys = _batch([[1, 1]] * 5)
+    layer = batch.cache.layers[0]
+    slab = layer._k  # noqa: SLF001
+    batch.select([0, 2, 4])  # row 4 moves into the hole of row 1; the slab is not reallocated
+    assert layer._k is slab and batch.rows == [0, 4, 2]  # noqa: SLF001
+    assert torch.equal(layer.keys, keys[[0, 4, 2]])
 
 
 def test_merge_left_pads_the_narrower_side() -> None:
@@ -66,3 +80,70 @@ def test_padding_helpers() -> None:
     ids, mask = left_pad([[5], [6, 7, 8], []], pad_id=0)
     assert ids.tolist() == [[0, 0, 5], [6, 7, 8], [0, 0, 0]] and mask.tolist() == [[0, 0, 1], [1, 1, 1], [0, 0, 0]]
     assert pad_left(torch.ones(1, 2), 4, 1).tolist() == [[0.0, 0.0, 1.0, 1.0]]
+
+
+def test_merge_of_a_longer_prompt_grows_the_batch_on_the_left() -> None:
+    batch, keys = _batch([[1, 1]])
+    other, other_keys = _batch([[1, 1, 1, 1]], start=100)
+    batch.merge(other)
+    assert batch.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
+    merged = batch.cache.layers[0].keys
+    assert merged[0, 0, :, 0].tolist() == [0.0, 0.0, 0.0, 1.0] and torch.equal(merged[1:], other_keys)
+    assert torch.equal(batch.cache.layers[0].values, -merged)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["join", "leave", "decode"]), st.integers(1, 6), st.integers(0, 2**16)),
+                min_size=1, max_size=25))
+def test_joins_leaves_and_decodes_keep_every_row_intact(ops: list[tuple[str, int, int]]) -> None:
+    """Against a plain list of each row's tokens: after any sequence of joins (prompts of any
+    length), leaves (any subset) and decode steps, each row's real columns hold exactly its own
+    keys and values, the mask marks them right-aligned, and no column is padding for every row."""
+    reference: dict[int, list[float]] = {}  # row id -> its keys, oldest first
+    batch: KVBatch | None = None
+    next_id = 0
+    for op, n, seed in ops:
+        gen = torch.Generator().manual_seed(seed)
+        if op == "join":
+            lengths = [int(x) for x in torch.randint(1, 9, (n,), generator=gen)]
+            width = max(lengths)
+            keys = torch.zeros(n, 1, width, 1)
+            mask = torch.zeros(n, width, dtype=torch.long)
+            for i, length in enumerate(lengths):
+                values = [float(next_id * 1000 + c) for c in range(length)]
+                reference[next_id + i] = values
+                keys[i, 0, width - length :, 0] = torch.tensor(values)
+                mask[i, width - length :] = 1
+            layer = SlabLayer()
+            layer.adopt(keys, -keys)
+            new = KVBatch(SimpleNamespace(layers=[layer]), mask, mask.sum(dim=1), torch.zeros(n), list(range(next_id, next_id + n)))
+            next_id += n
+            if batch is None:
+                batch = new
+            else:
+                batch.merge(new)
+        elif batch is not None and op == "leave":
+            keep = [i for i in range(len(batch.rows)) if (seed >> (i % 16)) & 1]
+            if not keep:
+                continue
+            for i in range(len(batch.rows)):
+                if i not in keep:
+                    reference.pop(batch.rows[i])
+            batch.select(keep)
+        elif batch is not None and op == "decode":
+            batch.grow_mask()
+            column = torch.tensor([float(-(r + 1) * 7 - len(reference[r])) for r in batch.rows]).view(-1, 1, 1, 1)
+            batch.cache.layers[0].update(column, -column)
+            for r, value in zip(batch.rows, column.flatten().tolist(), strict=True):
+                reference[r].append(value)
+        if batch is None:
+            continue
+        keys, values = batch.cache.layers[0].views()
+        assert sorted(batch.rows) == sorted(reference) and keys.shape[-2] == batch.width
+        assert bool(batch.mask.any(dim=0)[0])  # common left padding is trimmed
+        for p, r in enumerate(batch.rows):
+            length = len(reference[r])
+            assert batch.mask[p].tolist() == [0] * (batch.width - length) + [1] * length
+            assert keys[p, 0, batch.width - length :, 0].tolist() == reference[r]
+            assert torch.equal(values[p], -keys[p])
+            assert not bool(keys[p, 0, : batch.width - length].ne(0).any())  # padding is zeros
