@@ -47,7 +47,8 @@ def test_a_row_gets_the_same_bits_alone_and_in_any_batch(out: int, inp: int) -> 
     whole = packed(x)
     for rows in (1, 2, 3, 16, 33):
         assert torch.equal(packed(x[:rows]), whole[:rows])
-    assert torch.equal(packed(x[5:6]), whole[5:6]) and torch.equal(packed(x[:6].view(2, 3, inp)), whole[:6].view(2, 3, out))
+    assert torch.equal(packed(x[5:6]), whole[5:6])
+    assert torch.equal(packed(x[:6].view(2, 3, inp)), whole[:6].view(2, 3, out))
 
 
 def test_in_place_weight_change_is_packed_again_and_other_dtypes_go_to_torch() -> None:

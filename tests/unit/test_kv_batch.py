@@ -92,31 +92,48 @@ def test_merge_of_a_longer_prompt_grows_the_batch_on_the_left() -> None:
     assert torch.equal(batch.cache.layers[0].values, -merged)
 
 
+def _joining(reference: dict[int, list[float]], first_id: int, lengths: list[int]) -> KVBatch:
+    """A freshly prefilled group: row ``first_id + i`` holds ``lengths[i]`` keys, right-aligned."""
+    width, n = max(lengths), len(lengths)
+    keys = torch.zeros(n, 1, width, 1)
+    mask = torch.zeros(n, width, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        values = [float((first_id + i) * 1000 + c) for c in range(length)]
+        reference[first_id + i] = values
+        keys[i, 0, width - length :, 0] = torch.tensor(values)
+        mask[i, width - length :] = 1
+    layer = SlabLayer()
+    layer.adopt(keys, -keys)
+    rows = list(range(first_id, first_id + n))
+    return KVBatch(SimpleNamespace(layers=[layer]), mask, mask.sum(dim=1), torch.zeros(n), rows)
+
+
+def _check(batch: KVBatch, reference: dict[int, list[float]]) -> None:
+    keys, values = batch.cache.layers[0].views()
+    assert sorted(batch.rows) == sorted(reference) and keys.shape[-2] == batch.width
+    assert bool(batch.mask.any(dim=0)[0])  # common left padding is trimmed
+    for p, r in enumerate(batch.rows):
+        length = len(reference[r])
+        assert batch.mask[p].tolist() == [0] * (batch.width - length) + [1] * length
+        assert keys[p, 0, batch.width - length :, 0].tolist() == reference[r]
+        assert torch.equal(values[p], -keys[p])
+        assert not bool(keys[p, 0, : batch.width - length].ne(0).any())  # padding is zeros
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["join", "leave", "decode"]), st.integers(1, 6), st.integers(0, 2**16)),
                 min_size=1, max_size=25))
 def test_joins_leaves_and_decodes_keep_every_row_intact(ops: list[tuple[str, int, int]]) -> None:
-    """Against a plain list of each row's tokens: after any sequence of joins (prompts of any
+    """Against a plain list of each row's keys: after any sequence of joins (prompts of any
     length), leaves (any subset) and decode steps, each row's real columns hold exactly its own
     keys and values, the mask marks them right-aligned, and no column is padding for every row."""
     reference: dict[int, list[float]] = {}  # row id -> its keys, oldest first
     batch: KVBatch | None = None
     next_id = 0
     for op, n, seed in ops:
-        gen = torch.Generator().manual_seed(seed)
         if op == "join":
-            lengths = [int(x) for x in torch.randint(1, 9, (n,), generator=gen)]
-            width = max(lengths)
-            keys = torch.zeros(n, 1, width, 1)
-            mask = torch.zeros(n, width, dtype=torch.long)
-            for i, length in enumerate(lengths):
-                values = [float(next_id * 1000 + c) for c in range(length)]
-                reference[next_id + i] = values
-                keys[i, 0, width - length :, 0] = torch.tensor(values)
-                mask[i, width - length :] = 1
-            layer = SlabLayer()
-            layer.adopt(keys, -keys)
-            new = KVBatch(SimpleNamespace(layers=[layer]), mask, mask.sum(dim=1), torch.zeros(n), list(range(next_id, next_id + n)))
+            lengths = [int(x) for x in torch.randint(1, 9, (n,), generator=torch.Generator().manual_seed(seed))]
+            new = _joining(reference, next_id, lengths)
             next_id += n
             if batch is None:
                 batch = new
@@ -126,9 +143,8 @@ def test_joins_leaves_and_decodes_keep_every_row_intact(ops: list[tuple[str, int
             keep = [i for i in range(len(batch.rows)) if (seed >> (i % 16)) & 1]
             if not keep:
                 continue
-            for i in range(len(batch.rows)):
-                if i not in keep:
-                    reference.pop(batch.rows[i])
+            for i in set(range(len(batch.rows))) - set(keep):
+                reference.pop(batch.rows[i])
             batch.select(keep)
         elif batch is not None and op == "decode":
             batch.grow_mask()
@@ -136,14 +152,5 @@ def test_joins_leaves_and_decodes_keep_every_row_intact(ops: list[tuple[str, int
             batch.cache.layers[0].update(column, -column)
             for r, value in zip(batch.rows, column.flatten().tolist(), strict=True):
                 reference[r].append(value)
-        if batch is None:
-            continue
-        keys, values = batch.cache.layers[0].views()
-        assert sorted(batch.rows) == sorted(reference) and keys.shape[-2] == batch.width
-        assert bool(batch.mask.any(dim=0)[0])  # common left padding is trimmed
-        for p, r in enumerate(batch.rows):
-            length = len(reference[r])
-            assert batch.mask[p].tolist() == [0] * (batch.width - length) + [1] * length
-            assert keys[p, 0, batch.width - length :, 0].tolist() == reference[r]
-            assert torch.equal(values[p], -keys[p])
-            assert not bool(keys[p, 0, : batch.width - length].ne(0).any())  # padding is zeros
+        if batch is not None:
+            _check(batch, reference)
