@@ -1,4 +1,4 @@
-"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,all} [--quick]``.
+"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,all} [--quick]``.
 
 Each subcommand prints its tables and writes ``docs/benchmarks-<name>.json`` (``-quick.json``
 for ``--quick``, which finishes in under two minutes and draws no PNG) and, for full runs, a PNG
@@ -89,6 +89,33 @@ def _memory(args: argparse.Namespace) -> None:
         save_png(memory.plot(report, plt), "memory")
 
 
+def _served(args: argparse.Namespace) -> None:
+    from benchmarks import served_engines
+
+    started = context()
+    report = served_engines.run_benchmark(args.quick, tuple(args.dtype.split(",")), args.repeat or 1,
+                                          reference=not args.no_reference)
+    for dtype, block in report["dtypes"].items():
+        print_table(block["rows"], ["engine", "tok_s", "tok_s_runs", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms",
+                                    "itl_p99_ms", "errors", "identical_to_generate", "load_avg_1m"],
+                    f"engines through djl-handlers serve, {dtype}")
+        print({k: v for k, v in block.items() if k != "rows"})
+    write_report("served", report, args.quick, started)
+    plt = pyplot(args.quick)
+    if plt:
+        save_png(served_engines.plot(report, plt), "served")
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from benchmarks import engine_compare
+
+    out = engine_compare.DOCS / f"benchmarks-engine-compare{'-quick' if args.quick else ''}.json"
+    engine_compare.main(["--n", str(8 if args.quick else args.n), "--dtype", args.dtype,
+                         "--repeat", str(args.repeat or 1), "--modes", "padded,padded-torch,packed,static",
+                         "--out", str(out),
+                         *([] if args.quick else ["--sequential"])])
+
+
 def _profile(args: argparse.Namespace) -> None:
     from benchmarks import profile
 
@@ -100,7 +127,7 @@ def _profile(args: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "memory": _memory,
-    "profile": _profile,
+    "profile": _profile, "served": _served, "compare": _compare,
 }
 
 
@@ -118,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help="server: also run djl-handlers serve from this git revision")
     parser.add_argument("--repeat", type=int, help="server: runs per front and client count (alternated)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="server: load generator")
+    parser.add_argument("--dtype", default="fp32,bf16", help="served/compare: dtypes to run")
+    parser.add_argument("--no-reference", action="store_true", help="served: skip the sequential generate() check")
     args: Any = parser.parse_args(argv)
     setup_torch()
     for name in COMMANDS if args.command == "all" else [args.command]:

