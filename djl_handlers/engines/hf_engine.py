@@ -9,9 +9,11 @@ token). A step:
 1. drops rows released or failed since the last step (``batch_select_indices``) and trims the
    left padding they leave behind;
 2. decodes one token for every running row (one forward of [B, 1]);
-3. prefills queued prompts within ``max_prefill_tokens`` (padded tokens count; a prompt longer
-   than the budget is prefilled in chunks over several steps, one chunk per step), samples their
-   first token and merges their KV into the running batch (zero-padded on the left, masked).
+3. prefills queued prompts within ``max_prefill_tokens`` (padded tokens count; first fit in
+   arrival order: a prompt that does not fit what is left of the step's budget lets shorter ones
+   behind it go first; a prompt longer than the budget is prefilled in chunks over several steps,
+   one chunk per step, and nobody overtakes it), samples their first token and merges their KV
+   into the running batch (zero-padded on the left, masked).
 
 Greedy output in fp32 equals ``model.generate()`` of each request alone: padding is masked and
 every row gets explicit position ids. The engine never finishes a row itself; the scheduler calls
@@ -404,15 +406,17 @@ class HFEngine:
             outputs, budget = self._continue_partial(budget)
         outputs += self._start_grammars()
         while self._queue and budget > 0 and self._partial is None:
-            group = self._take_group(budget)
-            if not group:
-                row = self._first_ready()
-                if (row is not None and budget == self.max_prefill_tokens and self._room() > 0
-                        and admits_row(self, row)):
-                    self._queue.remove(row)
-                    self._partial = _Partial(row, self._new_cache())
+            head = self._first_ready()
+            if head is not None and len(head.request.prompt_ids) > self.max_prefill_tokens:
+                # only chunked prefill can take it: it starts on a full budget, nobody overtakes it
+                if budget == self.max_prefill_tokens and self._room() > 0 and admits_row(self, head):
+                    self._queue.remove(head)
+                    self._partial = _Partial(head, self._new_cache())
                     more, budget = self._continue_partial(budget)
                     outputs += more
+                break
+            group = self._take_group(budget)
+            if not group:
                 break
             budget -= len(group) * max(len(r.request.prompt_ids) for r in group)
             outputs += self._prefill_group(group)
@@ -423,16 +427,18 @@ class HFEngine:
         return self.max_batch_size - running - (1 if self._partial is not None else 0)
 
     def _take_group(self, budget: int) -> list[_Row]:
-        """FIFO prompts whose left-padded prefill fits ``budget`` tokens and the batch cap."""
+        """Queued prompts, in arrival order, whose left-padded prefill fits ``budget`` tokens and the
+        batch cap (first fit: a prompt that does not fit what is left of this step's budget is
+        passed over for shorter ones behind it; it is considered first again at the next step)."""
         group: list[_Row] = []
         longest = 0
         room = self._room()
         for row in [r for r in self._queue if r.ready]:  # rows whose grammar compiles wait
-            if len(group) >= room:
-                break
+            if len(group) >= room or not admits_row(self, row, group):
+                break  # an adapter that cannot join yet holds the rows behind it (FIFO)
             n = len(row.request.prompt_ids)
-            if (len(group) + 1) * max(longest, n) > budget or not admits_row(self, row, group):
-                break
+            if (len(group) + 1) * max(longest, n) > budget:
+                continue
             longest = max(longest, n)
             group.append(row)
         for row in group:

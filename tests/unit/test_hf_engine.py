@@ -255,3 +255,26 @@ def test_prefill_failure_fails_only_the_new_requests(tiny_model: Any, monkeypatc
         tokens.append(engine.step()[0].token_id)
     assert tokens == reference(model, list(first.prompt_ids), 4)
     assert engine.running_ids == (0,)
+
+
+def test_admission_is_first_fit_and_never_overtakes_a_chunked_prompt(tiny_model: Any) -> None:
+    """Budget 64 padded tokens: a (40) is admitted; b (40) does not fit what is left, c (20) does and
+    goes first; b is considered first at the next step. A prompt longer than the whole budget (d)
+    is chunked from a full budget and nobody behind it (e) overtakes it."""
+    model, tok = tiny_model
+    engine = HFEngine(model, tok, max_prefill_tokens=64)
+    lengths = {0: 40, 1: 40, 2: 20}
+    for rid, n in lengths.items():
+        engine.add_request(EngineRequest(rid, [5 + (i % 50) for i in range(n)], GenerationParameters(max_new_tokens=3)))
+    engine.step()
+    assert sorted(engine.running_ids) == [0, 2]
+    engine.step()
+    assert sorted(engine.running_ids) == [0, 1, 2]
+    for rid in (0, 1, 2):
+        engine.release(rid)
+    engine.add_request(EngineRequest(3, [7] * 100, GenerationParameters(max_new_tokens=2)))
+    engine.add_request(EngineRequest(4, [9] * 5, GenerationParameters(max_new_tokens=2)))
+    engine.step()  # d's first chunk (64 tokens) takes the whole budget; e waits behind it
+    assert engine.running_ids == () and [r.request.request_id for r in engine._queue] == [4]  # noqa: SLF001
+    engine.step()  # d's last 36 tokens, then e fits in what is left
+    assert sorted(engine.running_ids) == [3, 4]
