@@ -107,9 +107,10 @@ async def _stream(port: int, job: Job, began: float, out: dict[str, Any]) -> Non
         for line in lines:
             record = json.loads(line) if line.strip() else {}
             token = record.get("token") or {}
-            if "id" in token:
-                out["times"].append(now)
-                out["ids"].append(int(token["id"]))
+            if "id" in token:  # LMI's jsonlines carry the id as a one-element list (DJL's own format)
+                ids = token["id"] if isinstance(token["id"], list) else [token["id"]]
+                out["times"].extend([now] * len(ids))
+                out["ids"].extend(int(i) for i in ids)
             if record.get("error") or record.get("code"):
                 out["errors"].append(record)
     writer.close()
