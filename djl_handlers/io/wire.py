@@ -38,6 +38,7 @@ __all__ = [
     "encode_stream_header",
     "encode_utf8",
     "max_frame_bytes",
+    "parse_output_frame",
     "read_input_frame",
     "read_output_frame",
 ]
@@ -276,7 +277,10 @@ def _iter_chunks(reader: _Reader) -> Iterator[tuple[bytes, bool]]:
 
 def read_output_frame(stream: BinaryIO) -> OutputFrame:
     """Read one response frame; the chunks of a streaming one are read as they are iterated."""
-    reader = _Reader(stream)
+    return _read_output(_Reader(stream))
+
+
+def _read_output(reader: _Reader) -> OutputFrame:
     code = reader.short()
     message = reader.utf8("message")
     properties = reader.pairs("property")
@@ -289,6 +293,37 @@ def read_output_frame(stream: BinaryIO) -> OutputFrame:
     else:
         frame.content = reader.entries(count)
     return frame
+
+
+class _Incomplete(Exception):
+    """The buffer ends before the frame does."""
+
+
+class _BufferReader(_Reader):
+    """A :class:`_Reader` over a complete buffer that says *incomplete* instead of *truncated*."""
+
+    def exact(self, n: int) -> bytes:
+        """Exactly ``n`` bytes, or :class:`_Incomplete`."""
+        piece = self._stream.read(n) or b""
+        if len(piece) < n:
+            raise _Incomplete
+        self.consumed += n
+        return piece
+
+
+def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
+    """The response frame at the start of ``buffer`` and its size in bytes, or ``None`` while the
+    buffer holds only part of it (for a reader that receives bytes as they come, e.g. on an event
+    loop). A streamed reply's chunks are read eagerly, so ``chunks`` iterates over a list.
+    ``ValueError`` for a corrupt frame, as :func:`read_output_frame`."""
+    reader = _BufferReader(io.BytesIO(buffer))
+    try:
+        frame = _read_output(reader)
+        if frame.chunks is not None:
+            frame.chunks = iter(list(frame.chunks))
+    except _Incomplete:
+        return None
+    return frame, reader.consumed
 
 
 def binary_decode(data: bytes) -> dict[str, str]:
