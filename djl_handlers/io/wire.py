@@ -311,36 +311,118 @@ class _BufferReader(_Reader):
         return piece
 
 
+def _field_at(buffer: bytes, pos: int, limit: int, what: str) -> tuple[bytes | None, int]:
+    """The length-prefixed field at ``pos`` (``None`` for length -1) and the offset after it."""
+    if pos + 4 > len(buffer):
+        raise _Incomplete
+    size: int = _INT.unpack_from(buffer, pos)[0]
+    pos += 4
+    if size < 0:
+        if size == -1:
+            return None, pos
+        raise ValueError(f"corrupt frame: negative {what} length {size}")
+    if size > limit:
+        raise ValueError(f"corrupt frame: {what} length {size} exceeds the limit of {limit} bytes")
+    end = pos + size
+    if end > len(buffer):
+        raise _Incomplete
+    return buffer[pos:end], end
+
+
+def _text(raw: bytes, what: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"corrupt frame: {what} is not valid UTF-8") from exc
+
+
+def _short_at(buffer: bytes, pos: int) -> int:
+    if pos + 2 > len(buffer):
+        raise _Incomplete
+    value: int = _SHORT.unpack_from(buffer, pos)[0]
+    return value
+
+
 def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
     """The response frame at the start of ``buffer`` and its size in bytes, or ``None`` while the
     buffer holds only part of it (for a reader that receives bytes as they come, e.g. on an event
     loop). A streamed reply's chunks are read eagerly, so ``chunks`` iterates over a list.
-    ``ValueError`` for a corrupt frame, as :func:`read_output_frame`."""
-    reader = _BufferReader(io.BytesIO(buffer))
+    ``ValueError`` for a corrupt frame, as :func:`read_output_frame`. Parsed in place with
+    ``unpack_from`` (the front end reads one per rolling step)."""
+    limit = max_frame_bytes()
     try:
-        frame = _read_output(reader)
-        if frame.chunks is not None:
-            frame.chunks = iter(list(frame.chunks))
+        code = _short_at(buffer, 0)
+        raw, pos = _field_at(buffer, 2, limit, "message")
+        message = "" if raw is None else _text(raw, "message")
+        count = _short_at(buffer, pos)
+        pos += 2
+        if count < 0:
+            raise ValueError(f"corrupt frame: negative property count {count}")
+        properties: dict[str, str] = {}
+        for _ in range(count):
+            raw, pos = _field_at(buffer, pos, limit, "property key")
+            if raw is None:
+                raise ValueError("corrupt frame: null property key")
+            key = _text(raw, "property key")
+            raw, pos = _field_at(buffer, pos, limit, "property value")
+            properties[key] = "" if raw is None else _text(raw, "property value")
+        count = _short_at(buffer, pos)
+        if count == -1:  # streamed (rare on this path): the stream reader, over the whole buffer
+            reader = _BufferReader(io.BytesIO(buffer))
+            frame = _read_output(reader)
+            frame.chunks = iter(list(frame.chunks or ()))
+            return frame, reader.consumed
+        if count < 0:
+            raise ValueError(f"corrupt frame: content count {count}")
+        pos += 2
+        content: list[tuple[str | None, bytes]] = []
+        for _ in range(count):
+            raw, pos = _field_at(buffer, pos, limit, "content key")
+            name = None if raw is None else _text(raw, "content key")
+            raw, pos = _field_at(buffer, pos, limit, "content value")
+            content.append((name, raw or b""))
     except _Incomplete:
         return None
-    return frame, reader.consumed
+    return OutputFrame(code=code, message=message, properties=properties, content=content), pos
+
+
+def _text_at(data: bytes, pos: int, what: str) -> tuple[str, int]:
+    """The non-null length-prefixed UTF-8 string at ``pos`` of ``data`` and the offset after it."""
+    if pos + 4 > len(data):
+        raise ValueError(f"truncated frame: {what} length ends after {len(data) - pos} bytes")
+    size: int = _INT.unpack_from(data, pos)[0]
+    pos += 4
+    if size < 0:
+        if size == -1:
+            raise ValueError("corrupt record: null key or value")
+        raise ValueError(f"corrupt frame: negative {what} length {size}")
+    end = pos + size
+    if end > len(data):
+        raise ValueError(f"truncated frame: {what} needs {size} bytes, {len(data) - pos} left")
+    try:
+        return data[pos:end].decode("utf-8"), end
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"corrupt frame: {what} is not valid UTF-8") from exc
 
 
 def binary_decode(data: bytes) -> dict[str, str]:
-    """Inverse of :func:`binary_encode`; ``ValueError`` for truncated, trailing or null fields."""
-    buffer = io.BytesIO(data)
-    reader = _Reader(buffer)
-    try:
-        count = reader.count("record entry")
-        result: dict[str, str] = {}
-        for _ in range(count):
-            key = reader.utf8("record key")
-            value = reader.utf8("record value")
-            if key is None or value is None:
-                raise ValueError("corrupt record: null key or value")
-            result[key] = value
-    except EOFError as exc:
-        raise ValueError("corrupt record: empty") from exc
-    if buffer.read(1):
-        raise ValueError(f"corrupt record: trailing bytes after {reader.consumed} bytes")
+    """Inverse of :func:`binary_encode`; ``ValueError`` for truncated, trailing or null fields.
+
+    Parsed in place with ``unpack_from`` (the front end decodes one record per request per step);
+    a field cannot be longer than the record, which the frame holding it already bounded."""
+    if not data:
+        raise ValueError("corrupt record: empty")
+    if len(data) < 2:
+        raise ValueError("truncated frame: record entry count needs 2 bytes, 1 left")
+    count: int = _SHORT.unpack_from(data, 0)[0]
+    if count < 0:
+        raise ValueError(f"corrupt frame: negative record entry count {count}")
+    result: dict[str, str] = {}
+    pos = 2
+    for _ in range(count):
+        key, pos = _text_at(data, pos, "record key")
+        value, pos = _text_at(data, pos, "record value")
+        result[key] = value
+    if pos != len(data):
+        raise ValueError(f"corrupt record: trailing bytes after {pos} bytes")
     return result

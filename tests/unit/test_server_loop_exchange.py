@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import random
 import socket
 import threading
 import time
@@ -133,3 +134,41 @@ def test_parse_output_frame_says_incomplete_until_the_last_byte() -> None:
     frame, size = wire.parse_output_frame(reply + b"next") or (None, 0)
     assert size == len(reply) and frame is not None
     assert frame.content == wire.read_output_frame(io.BytesIO(reply)).content == [("key", b"value")]
+
+
+def test_parse_output_frame_agrees_with_the_stream_reader_on_mutated_frames() -> None:
+    rng = random.Random(15)
+    bases = [
+        wire.encode_output_frame(200, "OK", {"batch_0_x": "1", "k": ""}, [(None, b"a"), ("batch_1", b"")]),
+        wire.encode_output_frame(424, "", {}, []),
+        wire.encode_stream_header(200, "OK", {"p": "q"}) + wire.encode_stream_chunk(b"ab", True)
+        + wire.encode_stream_chunk(b"", False),
+    ]
+    outcomes = set()
+    for _ in range(4000):
+        data = bytearray(rng.choice(bases))
+        for _ in range(rng.randint(0, 3)):
+            data[rng.randrange(len(data))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        data = data[: rng.randint(0, len(data))] if rng.random() < 0.3 else data
+        raw = bytes(data)
+        try:
+            frame = wire.read_output_frame(io.BytesIO(raw))
+            chunks = list(frame.chunks) if frame.chunks is not None else None
+            expected: Any = (frame.code, frame.message, frame.properties, frame.content, chunks)
+        except EOFError:
+            expected = "incomplete"
+        except ValueError as exc:
+            expected = "incomplete" if str(exc).startswith("truncated") else "corrupt"
+        try:
+            parsed = wire.parse_output_frame(raw)
+            if parsed is None:
+                got: Any = "incomplete"
+            else:
+                frame, _size = parsed
+                chunks = list(frame.chunks) if frame.chunks is not None else None
+                got = (frame.code, frame.message, frame.properties, frame.content, chunks)
+        except ValueError:
+            got = "corrupt"
+        assert got == expected, raw
+        outcomes.add(expected if isinstance(expected, str) else "frame")
+    assert outcomes == {"incomplete", "corrupt", "frame"}
