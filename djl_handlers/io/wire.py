@@ -240,7 +240,19 @@ class _Reader:
 
 
 def read_input_frame(stream: BinaryIO) -> tuple[dict[str, str], list[tuple[str | None, bytes]]]:
-    """Read one request frame; ``EOFError`` at a clean end of stream, ``ValueError`` if corrupt."""
+    """Read one request frame; ``EOFError`` at a clean end of stream, ``ValueError`` if corrupt.
+
+    A buffered stream (``peek``, e.g. a socket's ``makefile("rb")``) that already holds the whole
+    frame is parsed in place (the worker reads one frame per rolling step); otherwise, and for a
+    frame larger than the buffer, field by field."""
+    peek = getattr(stream, "peek", None)
+    if peek is not None:
+        buffered = peek(1)
+        if buffered:
+            parsed = _parse_input(buffered)
+            if parsed is not None:
+                stream.read(parsed[2])
+                return parsed[0], parsed[1]
     reader = _Reader(stream)
     properties = reader.pairs("property")
     content = reader.entries(reader.count("content"))
@@ -343,6 +355,47 @@ def _short_at(buffer: bytes, pos: int) -> int:
     return value
 
 
+def _pairs_at(buffer: bytes, pos: int, limit: int, what: str) -> tuple[dict[str, str], int]:
+    count = _short_at(buffer, pos)
+    pos += 2
+    if count < 0:
+        raise ValueError(f"corrupt frame: negative {what} count {count}")
+    result: dict[str, str] = {}
+    key_what, value_what = f"{what} key", f"{what} value"
+    for _ in range(count):
+        raw, pos = _field_at(buffer, pos, limit, key_what)
+        if raw is None:
+            raise ValueError(f"corrupt frame: null {what} key")
+        key = _text(raw, key_what)
+        raw, pos = _field_at(buffer, pos, limit, value_what)
+        result[key] = "" if raw is None else _text(raw, value_what)
+    return result, pos
+
+
+def _entries_at(buffer: bytes, pos: int, limit: int, count: int) -> tuple[list[tuple[str | None, bytes]], int]:
+    content: list[tuple[str | None, bytes]] = []
+    for _ in range(count):
+        raw, pos = _field_at(buffer, pos, limit, "content key")
+        name = None if raw is None else _text(raw, "content key")
+        raw, pos = _field_at(buffer, pos, limit, "content value")
+        content.append((name, raw or b""))
+    return content, pos
+
+
+def _parse_input(buffer: bytes) -> tuple[dict[str, str], list[tuple[str | None, bytes]], int] | None:
+    """The request frame at the start of ``buffer`` and its size; ``None`` when incomplete."""
+    limit = max_frame_bytes()
+    try:
+        properties, pos = _pairs_at(buffer, 0, limit, "property")
+        count = _short_at(buffer, pos)
+        if count < 0:
+            raise ValueError(f"corrupt frame: negative content count {count}")
+        content, pos = _entries_at(buffer, pos + 2, limit, count)
+    except _Incomplete:
+        return None
+    return properties, content, pos
+
+
 def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
     """The response frame at the start of ``buffer`` and its size in bytes, or ``None`` while the
     buffer holds only part of it (for a reader that receives bytes as they come, e.g. on an event
@@ -354,18 +407,7 @@ def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
         code = _short_at(buffer, 0)
         raw, pos = _field_at(buffer, 2, limit, "message")
         message = "" if raw is None else _text(raw, "message")
-        count = _short_at(buffer, pos)
-        pos += 2
-        if count < 0:
-            raise ValueError(f"corrupt frame: negative property count {count}")
-        properties: dict[str, str] = {}
-        for _ in range(count):
-            raw, pos = _field_at(buffer, pos, limit, "property key")
-            if raw is None:
-                raise ValueError("corrupt frame: null property key")
-            key = _text(raw, "property key")
-            raw, pos = _field_at(buffer, pos, limit, "property value")
-            properties[key] = "" if raw is None else _text(raw, "property value")
+        properties, pos = _pairs_at(buffer, pos, limit, "property")
         count = _short_at(buffer, pos)
         if count == -1:  # streamed (rare on this path): the stream reader, over the whole buffer
             reader = _BufferReader(io.BytesIO(buffer))
@@ -374,13 +416,7 @@ def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
             return frame, reader.consumed
         if count < 0:
             raise ValueError(f"corrupt frame: content count {count}")
-        pos += 2
-        content: list[tuple[str | None, bytes]] = []
-        for _ in range(count):
-            raw, pos = _field_at(buffer, pos, limit, "content key")
-            name = None if raw is None else _text(raw, "content key")
-            raw, pos = _field_at(buffer, pos, limit, "content value")
-            content.append((name, raw or b""))
+        content, pos = _entries_at(buffer, pos + 2, limit, count)
     except _Incomplete:
         return None
     return OutputFrame(code=code, message=message, properties=properties, content=content), pos

@@ -172,3 +172,32 @@ def test_parse_output_frame_agrees_with_the_stream_reader_on_mutated_frames() ->
         assert got == expected, raw
         outcomes.add(expected if isinstance(expected, str) else "frame")
     assert outcomes == {"incomplete", "corrupt", "frame"}
+
+
+def test_buffered_input_frame_parse_agrees_with_the_field_by_field_reader() -> None:
+    rng = random.Random(16)
+    bases = [
+        wire.encode_input_frame({"batch_size": "2", "batch_0_seed": "7", "k": ""},
+                                [("batch_0.data", b'{"inputs": "x"}'), (None, b"")]),
+        wire.encode_input_frame({}, []),
+    ]
+    outcomes = set()
+    for _ in range(4000):
+        data = bytearray(rng.choice(bases) * rng.choice((1, 2)))  # two frames back to back too
+        for _ in range(rng.randint(0, 3)):
+            data[rng.randrange(len(data))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        data = data[: rng.randint(0, len(data))] if rng.random() < 0.3 else data
+        raw = bytes(data)
+        results = []
+        for stream in (io.BytesIO(raw), io.BufferedReader(io.BytesIO(raw), buffer_size=rng.choice((16, 8192)))):
+            try:
+                first = wire.read_input_frame(stream)  # type: ignore[arg-type]
+                results.append((first, stream.read()))  # what follows the frame stays unread
+            except EOFError:
+                results.append("eof")
+            except ValueError as exc:
+                results.append("truncated" if str(exc).startswith("truncated") else str(exc))
+        assert results[0] == results[1], raw
+        outcomes.add(results[0] if isinstance(results[0], str) and results[0] in ("eof", "truncated") else
+                     "corrupt" if isinstance(results[0], str) else "frame")
+    assert outcomes == {"eof", "truncated", "corrupt", "frame"}
