@@ -188,10 +188,10 @@ def test_buffered_input_frame_parse_agrees_with_the_field_by_field_reader() -> N
             data[rng.randrange(len(data))] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)))
         data = data[: rng.randint(0, len(data))] if rng.random() < 0.3 else data
         raw = bytes(data)
-        results = []
+        results: list[Any] = []
         for stream in (io.BytesIO(raw), io.BufferedReader(io.BytesIO(raw), buffer_size=rng.choice((16, 8192)))):
             try:
-                first = wire.read_input_frame(stream)  # type: ignore[arg-type]
+                first = wire.read_input_frame(stream)
                 results.append((first, stream.read()))  # what follows the frame stays unread
             except EOFError:
                 results.append("eof")
