@@ -1,12 +1,16 @@
 """The model runtime: one worker process, a bounded queue, and DJL's batching loops.
 
-All worker I/O happens on one dedicated thread (``run_in_executor`` on a single-thread pool), so
-exactly one frame is on the socket at a time; all state lives on the event loop. Two drivers:
+Exactly one frame is on the worker's socket at a time; all state lives on the event loop. Two
+drivers:
 
 * dynamic batching: gather up to ``batch_size`` requests for up to ``max_batch_delay`` ms, send one
-  frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk;
+  frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk.
+  The exchange runs on one dedicated thread (``run_in_executor`` on a single-thread pool);
 * rolling batch: :class:`.protocol.FrontEndBatch` steps over the in-flight list until each slot's
-  record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue.
+  record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue. Each
+  step's exchange runs on the event loop itself (:mod:`.loop_exchange`), and step n+1 is sent before
+  step n's records are delivered (docs/benchmarks.md, section 4). Control calls (adapters) and
+  restarts stay on the thread; an asyncio lock keeps them between steps.
 
 A worker that dies fails only the requests it held (error chunk or 500 JSON) and is restarted with
 the init call. :meth:`ModelRuntime.drain` implements graceful shutdown.
