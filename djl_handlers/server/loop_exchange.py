@@ -60,27 +60,40 @@ class _Call:
             self.loop.remove_writer(self.fd)
 
     def _on_readable(self) -> None:
-        try:
-            piece = os.read(self.fd, _READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._fail(exc)
-            return
-        if not piece:
+        """Read what the socket holds (all of it, so that a big reply is parsed once per wake-up,
+        not once per read), then try to parse the reply."""
+        pieces: list[bytes] = []
+        ended = False
+        while True:
+            try:
+                piece = os.read(self.fd, _READ_SIZE)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                self._fail(exc)
+                return
+            if not piece:
+                ended = True
+                break
+            pieces.append(piece)
+            if len(piece) < _READ_SIZE:  # drained for now: spare the read that would say so
+                break
+        if pieces:
+            more = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self._buffer = self._buffer + more if self._buffer else more
+            try:
+                parsed = wire.parse_output_frame(self._buffer)
+                if parsed is not None and parsed[1] != len(self._buffer):
+                    raise ValueError(f"{len(self._buffer) - parsed[1]} unexpected bytes after the reply")
+            except ValueError as exc:
+                self._fail(exc)
+                return
+            if parsed is not None:
+                self._cleanup()
+                self.future.set_result(parsed[0])
+                return
+        if ended:
             self._fail(EOFError("end of stream"))
-            return
-        self._buffer = self._buffer + piece if self._buffer else piece
-        try:
-            parsed = wire.parse_output_frame(self._buffer)
-            if parsed is not None and parsed[1] != len(self._buffer):
-                raise ValueError(f"{len(self._buffer) - parsed[1]} unexpected bytes after the reply")
-        except ValueError as exc:
-            self._fail(exc)
-            return
-        if parsed is not None:
-            self._cleanup()
-            self.future.set_result(parsed[0])
 
     def _cleanup(self) -> None:
         self._timer.cancel()

@@ -79,6 +79,17 @@ def test_reply_written_in_pieces_is_assembled_and_the_request_arrives_whole() ->
     assert frame.content == [(None, b"record-0"), (None, b"record-1")]
 
 
+def test_big_reply_over_many_reads() -> None:
+    ours, other = socket.socketpair()
+    ours.settimeout(5.0)
+    records = [(None, bytes([i]) * 300_000) for i in range(8)]  # 2.4 MB: many socket buffers
+    reply = wire.encode_output_frame(200, "OK", {}, records)
+    thread = _peer(other, lambda sock, *_: sock.sendall(reply))
+    frame = _call(_Worker(ours), {}, [])
+    thread.join(5)
+    assert frame.content == records
+
+
 def test_streamed_reply_is_read_to_its_end() -> None:
     ours, other = socket.socketpair()
     ours.settimeout(5.0)
