@@ -16,6 +16,7 @@ server and our worker all go through these functions. Layout (all integers big-e
 Readers raise ``EOFError`` when the stream ends cleanly before a frame starts and ``ValueError`` for a
 corrupt or truncated frame, including a length field larger than :func:`max_frame_bytes`.
 See ``docs/wire-format.md`` for worked hex examples.
+Buffers that already hold a whole frame are parsed in place by :mod:`.wire_inplace` (same checks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
+
+from djl_handlers.io import wire_inplace
+from djl_handlers.io.wire_inplace import Incomplete
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -249,7 +253,7 @@ def read_input_frame(stream: BinaryIO) -> tuple[dict[str, str], list[tuple[str |
     if peek is not None:
         buffered = peek(1)
         if buffered:
-            parsed = _parse_input(buffered)
+            parsed = wire_inplace.parse_input(buffered, max_frame_bytes())
             if parsed is not None:
                 stream.read(parsed[2])
                 return parsed[0], parsed[1]
@@ -307,138 +311,37 @@ def _read_output(reader: _Reader) -> OutputFrame:
     return frame
 
 
-class _Incomplete(Exception):
-    """The buffer ends before the frame does."""
-
-
 class _BufferReader(_Reader):
     """A :class:`_Reader` over a complete buffer that says *incomplete* instead of *truncated*."""
 
     def exact(self, n: int) -> bytes:
-        """Exactly ``n`` bytes, or :class:`_Incomplete`."""
+        """Exactly ``n`` bytes, or :class:`.wire_inplace.Incomplete`."""
         piece = self._stream.read(n) or b""
         if len(piece) < n:
-            raise _Incomplete
+            raise Incomplete
         self.consumed += n
         return piece
-
-
-def _field_at(buffer: bytes, pos: int, limit: int, what: str) -> tuple[bytes | None, int]:
-    """The length-prefixed field at ``pos`` (``None`` for length -1) and the offset after it."""
-    if pos + 4 > len(buffer):
-        raise _Incomplete
-    size: int = _INT.unpack_from(buffer, pos)[0]
-    pos += 4
-    if size < 0:
-        if size == -1:
-            return None, pos
-        raise ValueError(f"corrupt frame: negative {what} length {size}")
-    if size > limit:
-        raise ValueError(f"corrupt frame: {what} length {size} exceeds the limit of {limit} bytes")
-    end = pos + size
-    if end > len(buffer):
-        raise _Incomplete
-    return buffer[pos:end], end
-
-
-def _text(raw: bytes, what: str) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"corrupt frame: {what} is not valid UTF-8") from exc
-
-
-def _short_at(buffer: bytes, pos: int) -> int:
-    if pos + 2 > len(buffer):
-        raise _Incomplete
-    value: int = _SHORT.unpack_from(buffer, pos)[0]
-    return value
-
-
-def _pairs_at(buffer: bytes, pos: int, limit: int, what: str) -> tuple[dict[str, str], int]:
-    count = _short_at(buffer, pos)
-    pos += 2
-    if count < 0:
-        raise ValueError(f"corrupt frame: negative {what} count {count}")
-    result: dict[str, str] = {}
-    key_what, value_what = f"{what} key", f"{what} value"
-    for _ in range(count):
-        raw, pos = _field_at(buffer, pos, limit, key_what)
-        if raw is None:
-            raise ValueError(f"corrupt frame: null {what} key")
-        key = _text(raw, key_what)
-        raw, pos = _field_at(buffer, pos, limit, value_what)
-        result[key] = "" if raw is None else _text(raw, value_what)
-    return result, pos
-
-
-def _entries_at(buffer: bytes, pos: int, limit: int, count: int) -> tuple[list[tuple[str | None, bytes]], int]:
-    content: list[tuple[str | None, bytes]] = []
-    for _ in range(count):
-        raw, pos = _field_at(buffer, pos, limit, "content key")
-        name = None if raw is None else _text(raw, "content key")
-        raw, pos = _field_at(buffer, pos, limit, "content value")
-        content.append((name, raw or b""))
-    return content, pos
-
-
-def _parse_input(buffer: bytes) -> tuple[dict[str, str], list[tuple[str | None, bytes]], int] | None:
-    """The request frame at the start of ``buffer`` and its size; ``None`` when incomplete."""
-    limit = max_frame_bytes()
-    try:
-        properties, pos = _pairs_at(buffer, 0, limit, "property")
-        count = _short_at(buffer, pos)
-        if count < 0:
-            raise ValueError(f"corrupt frame: negative content count {count}")
-        content, pos = _entries_at(buffer, pos + 2, limit, count)
-    except _Incomplete:
-        return None
-    return properties, content, pos
 
 
 def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
     """The response frame at the start of ``buffer`` and its size in bytes, or ``None`` while the
     buffer holds only part of it (for a reader that receives bytes as they come, e.g. on an event
     loop). A streamed reply's chunks are read eagerly, so ``chunks`` iterates over a list.
-    ``ValueError`` for a corrupt frame, as :func:`read_output_frame`. Parsed in place with
-    ``unpack_from`` (the front end reads one per rolling step)."""
-    limit = max_frame_bytes()
+    ``ValueError`` for a corrupt frame, as :func:`read_output_frame`. Parsed in place
+    (:mod:`.wire_inplace`; the front end reads one per rolling step)."""
     try:
-        code = _short_at(buffer, 0)
-        raw, pos = _field_at(buffer, 2, limit, "message")
-        message = "" if raw is None else _text(raw, "message")
-        properties, pos = _pairs_at(buffer, pos, limit, "property")
-        count = _short_at(buffer, pos)
-        if count == -1:  # streamed (rare on this path): the stream reader, over the whole buffer
+        parsed = wire_inplace.parse_output(buffer, max_frame_bytes())
+        if parsed is None:
+            return None
+        code, message, properties, content, size = parsed
+        if content is None:  # streamed (rare on this path): the stream reader, over the whole buffer
             reader = _BufferReader(io.BytesIO(buffer))
             frame = _read_output(reader)
             frame.chunks = iter(list(frame.chunks or ()))
             return frame, reader.consumed
-        if count < 0:
-            raise ValueError(f"corrupt frame: content count {count}")
-        content, pos = _entries_at(buffer, pos + 2, limit, count)
-    except _Incomplete:
+    except Incomplete:
         return None
-    return OutputFrame(code=code, message=message, properties=properties, content=content), pos
-
-
-def _text_at(data: bytes, pos: int, what: str) -> tuple[str, int]:
-    """The non-null length-prefixed UTF-8 string at ``pos`` of ``data`` and the offset after it."""
-    if pos + 4 > len(data):
-        raise ValueError(f"truncated frame: {what} length ends after {len(data) - pos} bytes")
-    size: int = _INT.unpack_from(data, pos)[0]
-    pos += 4
-    if size < 0:
-        if size == -1:
-            raise ValueError("corrupt record: null key or value")
-        raise ValueError(f"corrupt frame: negative {what} length {size}")
-    end = pos + size
-    if end > len(data):
-        raise ValueError(f"truncated frame: {what} needs {size} bytes, {len(data) - pos} left")
-    try:
-        return data[pos:end].decode("utf-8"), end
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"corrupt frame: {what} is not valid UTF-8") from exc
+    return OutputFrame(code=code, message=message, properties=properties, content=content), size
 
 
 def binary_decode(data: bytes) -> dict[str, str]:
@@ -456,8 +359,8 @@ def binary_decode(data: bytes) -> dict[str, str]:
     result: dict[str, str] = {}
     pos = 2
     for _ in range(count):
-        key, pos = _text_at(data, pos, "record key")
-        value, pos = _text_at(data, pos, "record value")
+        key, pos = wire_inplace.text_at(data, pos, "record key")
+        value, pos = wire_inplace.text_at(data, pos, "record value")
         result[key] = value
     if pos != len(data):
         raise ValueError(f"corrupt record: trailing bytes after {pos} bytes")
