@@ -325,7 +325,6 @@ class ModelRuntime:
             try:
                 frame = await pending
                 results = batcher.apply(frame)
-                self.telemetry.rolling_step(results, frame.properties, size)
             except WorkerDied as exc:
                 self._fail_slots(batcher.clear(), 500, str(exc))
                 continue
@@ -338,6 +337,7 @@ class ModelRuntime:
                 self.in_flight = len(batcher.slots)
             if (batcher.slots or self._queue) and not self._controls and self.worker.alive():
                 pending = await self._next_step()
+            self.telemetry.rolling_step(results, frame.properties, size)  # off the worker's path
             for slot, record, headers in results:
                 self._deliver(slot, record, headers)
 
