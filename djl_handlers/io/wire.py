@@ -16,6 +16,7 @@ server and our worker all go through these functions. Layout (all integers big-e
 Readers raise ``EOFError`` when the stream ends cleanly before a frame starts and ``ValueError`` for a
 corrupt or truncated frame, including a length field larger than :func:`max_frame_bytes`.
 See ``docs/wire-format.md`` for worked hex examples.
+Buffers that already hold a whole frame are parsed in place by :mod:`.wire_inplace` (same checks).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
+
+from djl_handlers.io import wire_inplace
+from djl_handlers.io.wire_inplace import Incomplete
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -38,6 +42,7 @@ __all__ = [
     "encode_stream_header",
     "encode_utf8",
     "max_frame_bytes",
+    "parse_output_frame",
     "read_input_frame",
     "read_output_frame",
 ]
@@ -239,7 +244,19 @@ class _Reader:
 
 
 def read_input_frame(stream: BinaryIO) -> tuple[dict[str, str], list[tuple[str | None, bytes]]]:
-    """Read one request frame; ``EOFError`` at a clean end of stream, ``ValueError`` if corrupt."""
+    """Read one request frame; ``EOFError`` at a clean end of stream, ``ValueError`` if corrupt.
+
+    A buffered stream (``peek``, e.g. a socket's ``makefile("rb")``) that already holds the whole
+    frame is parsed in place (the worker reads one frame per rolling step); otherwise, and for a
+    frame larger than the buffer, field by field."""
+    peek = getattr(stream, "peek", None)
+    if peek is not None:
+        buffered = peek(1)
+        if buffered:
+            parsed = wire_inplace.parse_input(buffered, max_frame_bytes())
+            if parsed is not None:
+                stream.read(parsed[2])
+                return parsed[0], parsed[1]
     reader = _Reader(stream)
     properties = reader.pairs("property")
     content = reader.entries(reader.count("content"))
@@ -276,7 +293,10 @@ def _iter_chunks(reader: _Reader) -> Iterator[tuple[bytes, bool]]:
 
 def read_output_frame(stream: BinaryIO) -> OutputFrame:
     """Read one response frame; the chunks of a streaming one are read as they are iterated."""
-    reader = _Reader(stream)
+    return _read_output(_Reader(stream))
+
+
+def _read_output(reader: _Reader) -> OutputFrame:
     code = reader.short()
     message = reader.utf8("message")
     properties = reader.pairs("property")
@@ -291,21 +311,57 @@ def read_output_frame(stream: BinaryIO) -> OutputFrame:
     return frame
 
 
-def binary_decode(data: bytes) -> dict[str, str]:
-    """Inverse of :func:`binary_encode`; ``ValueError`` for truncated, trailing or null fields."""
-    buffer = io.BytesIO(data)
-    reader = _Reader(buffer)
+class _BufferReader(_Reader):
+    """A :class:`_Reader` over a complete buffer that says *incomplete* instead of *truncated*."""
+
+    def exact(self, n: int) -> bytes:
+        """Exactly ``n`` bytes, or :class:`.wire_inplace.Incomplete`."""
+        piece = self._stream.read(n) or b""
+        if len(piece) < n:
+            raise Incomplete
+        self.consumed += n
+        return piece
+
+
+def parse_output_frame(buffer: bytes) -> tuple[OutputFrame, int] | None:
+    """The response frame at the start of ``buffer`` and its size in bytes, or ``None`` while the
+    buffer holds only part of it (for a reader that receives bytes as they come, e.g. on an event
+    loop). A streamed reply's chunks are read eagerly, so ``chunks`` iterates over a list.
+    ``ValueError`` for a corrupt frame, as :func:`read_output_frame`. Parsed in place
+    (:mod:`.wire_inplace`; the front end reads one per rolling step)."""
     try:
-        count = reader.count("record entry")
-        result: dict[str, str] = {}
-        for _ in range(count):
-            key = reader.utf8("record key")
-            value = reader.utf8("record value")
-            if key is None or value is None:
-                raise ValueError("corrupt record: null key or value")
-            result[key] = value
-    except EOFError as exc:
-        raise ValueError("corrupt record: empty") from exc
-    if buffer.read(1):
-        raise ValueError(f"corrupt record: trailing bytes after {reader.consumed} bytes")
+        parsed = wire_inplace.parse_output(buffer, max_frame_bytes())
+        if parsed is None:
+            return None
+        code, message, properties, content, size = parsed
+        if content is None:  # streamed (rare on this path): the stream reader, over the whole buffer
+            reader = _BufferReader(io.BytesIO(buffer))
+            frame = _read_output(reader)
+            frame.chunks = iter(list(frame.chunks or ()))
+            return frame, reader.consumed
+    except Incomplete:
+        return None
+    return OutputFrame(code=code, message=message, properties=properties, content=content), size
+
+
+def binary_decode(data: bytes) -> dict[str, str]:
+    """Inverse of :func:`binary_encode`; ``ValueError`` for truncated, trailing or null fields.
+
+    Parsed in place with ``unpack_from`` (the front end decodes one record per request per step);
+    a field cannot be longer than the record, which the frame holding it already bounded."""
+    if not data:
+        raise ValueError("corrupt record: empty")
+    if len(data) < 2:
+        raise ValueError("truncated frame: record entry count needs 2 bytes, 1 left")
+    count: int = _SHORT.unpack_from(data, 0)[0]
+    if count < 0:
+        raise ValueError(f"corrupt frame: negative record entry count {count}")
+    result: dict[str, str] = {}
+    pos = 2
+    for _ in range(count):
+        key, pos = wire_inplace.text_at(data, pos, "record key")
+        value, pos = wire_inplace.text_at(data, pos, "record value")
+        result[key] = value
+    if pos != len(data):
+        raise ValueError(f"corrupt record: trailing bytes after {pos} bytes")
     return result

@@ -1,12 +1,16 @@
 """The model runtime: one worker process, a bounded queue, and DJL's batching loops.
 
-All worker I/O happens on one dedicated thread (``run_in_executor`` on a single-thread pool), so
-exactly one frame is on the socket at a time; all state lives on the event loop. Two drivers:
+Exactly one frame is on the worker's socket at a time; all state lives on the event loop. Two
+drivers:
 
 * dynamic batching: gather up to ``batch_size`` requests for up to ``max_batch_delay`` ms, send one
-  frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk;
+  frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk.
+  The exchange runs on one dedicated thread (``run_in_executor`` on a single-thread pool);
 * rolling batch: :class:`.protocol.FrontEndBatch` steps over the in-flight list until each slot's
-  record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue.
+  record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue. Each
+  step's exchange runs on the event loop itself (:mod:`.loop_exchange`), and step n+1 is sent before
+  step n's records are delivered (docs/benchmarks.md, section 4). Control calls (adapters) and
+  restarts stay on the thread; an asyncio lock keeps them between steps.
 
 A worker that dies fails only the requests it held (error chunk or 500 JSON) and is restarted with
 the init call. :meth:`ModelRuntime.drain` implements graceful shutdown.
@@ -22,6 +26,7 @@ from typing import Any
 
 from djl_handlers.io import wire
 from djl_handlers.server.adapters import FrontAdapters, startup_adapters
+from djl_handlers.server.loop_exchange import start_call
 from djl_handlers.server.protocol import (
     BatchFailure,
     FrontEndBatch,
@@ -82,6 +87,8 @@ class ModelRuntime:
         self._batcher = FrontEndBatch(settings.handler, settings.max_rolling_batch_size)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="djlh-worker-io")
         self._wake: asyncio.Event | None = None
+        self._io_lock = asyncio.Lock()  # one worker exchange at a time: a rolling step or a control call
+        self._controls = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -110,7 +117,13 @@ class ModelRuntime:
     async def control(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> wire.OutputFrame:
         """One non-inference call (adapter management) on the worker thread, between batch steps."""
         loop = asyncio.get_running_loop()
-        frame: wire.OutputFrame = await loop.run_in_executor(self._executor, self._call_drained, properties, content)
+        self._controls += 1  # the rolling loop sends no step ahead while a control call waits
+        try:
+            async with self._io_lock:
+                frame: wire.OutputFrame = await loop.run_in_executor(
+                    self._executor, self._call_drained, properties, content)
+        finally:
+            self._controls -= 1
         return frame
 
     def attach(self) -> None:
@@ -293,23 +306,25 @@ class ModelRuntime:
     # ------------------------------------------------------------------ rolling batch
 
     async def _rolling_loop(self) -> None:
+        """Step the batch, the worker exchange on the loop (:mod:`.loop_exchange`); the next step
+        goes to the worker *before* this step's records are delivered, so that the worker computes
+        step n+1 while the loop writes step n's chunks."""
         batcher = self._batcher
-        loop = asyncio.get_running_loop()
+        pending: asyncio.Future[wire.OutputFrame] | None = None
         while True:
-            await self._wait_for_work(busy=bool(batcher.slots))
-            if not self.worker.alive():
-                self._fail_slots(batcher.clear(), 500, "the worker process died")
-                await self._restart()
-                continue
-            self._admit()
-            if not batcher.slots:
-                continue
-            properties, content = batcher.build_step()
-            self.in_flight = size = len(batcher.slots)
+            if pending is None:
+                await self._wait_for_work(busy=bool(batcher.slots))
+                if not self.worker.alive():
+                    self._fail_slots(batcher.clear(), 500, "the worker process died")
+                    await self._restart()
+                    continue
+                pending = await self._next_step()
+                if pending is None:
+                    continue
+            size = len(batcher.slots)
             try:
-                frame = await loop.run_in_executor(self._executor, self._call_drained, properties, content)
+                frame = await pending
                 results = batcher.apply(frame)
-                self.telemetry.rolling_step(results, frame.properties, size)
             except WorkerDied as exc:
                 self._fail_slots(batcher.clear(), 500, str(exc))
                 continue
@@ -317,9 +332,27 @@ class ModelRuntime:
                 self._fail_slots(batcher.clear(), exc.code, exc.message)
                 continue
             finally:
+                pending = None
+                self._io_lock.release()
                 self.in_flight = len(batcher.slots)
+            if (batcher.slots or self._queue) and not self._controls and self.worker.alive():
+                pending = await self._next_step()
+            self.telemetry.rolling_step(results, frame.properties, size)  # off the worker's path
             for slot, record, headers in results:
                 self._deliver(slot, record, headers)
+
+    async def _next_step(self) -> asyncio.Future[wire.OutputFrame] | None:
+        """Admit waiting requests and send the next step (holding the I/O lock until its reply is
+        handled); ``None`` when there is nothing to step."""
+        batcher = self._batcher
+        self._admit()
+        if not batcher.slots:
+            return None
+        await self._io_lock.acquire()
+        properties, content = batcher.build_step()
+        self.in_flight = len(batcher.slots)
+        assert self._loop is not None
+        return start_call(self._loop, self.worker, properties, content)
 
     def _admit(self) -> None:
         batcher = self._batcher

@@ -19,7 +19,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["ResponseSink", "SinkResponse", "error_json"]
+__all__ = ["BODY_SEND_KEY", "ResponseSink", "SinkResponse", "error_json"]
+
+# The scope key under which the app keeps the server's own ``send`` (server/app.py): a streamed
+# body skips the middleware wrappers, which only look at the head.
+BODY_SEND_KEY = "djl_handlers.body_send"
 
 _SKIP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 
@@ -134,6 +138,10 @@ class ResponseSink:
 
     # ------------------------------------------------------------------ consumer side
 
+    def ended_after_this(self) -> bool:
+        """True when the body ended and no chunk is pending (after :meth:`next_chunk`)."""
+        return self._ended and not self._pending
+
     async def wait_head(self) -> None:
         """Wait until the status and headers are known."""
         await self._head.wait()
@@ -187,13 +195,15 @@ class SinkResponse:
             if sink.cancelled or sink.status is None:
                 sink.cancel()
                 return
-            await self._send_all(send)
+            await self._send_all(send, scope.get(BODY_SEND_KEY) or send)
         except OSError:
             sink.cancel()
         finally:
             watcher.cancel()
 
-    async def _send_all(self, send: Any) -> None:
+    async def _send_all(self, send: Any, body_send: Any) -> None:
+        """The head through ``send``; a streamed body through ``body_send`` (the server's own send,
+        past middleware that only handles the head), the last chunk together with the end."""
         sink = self.sink
         assert sink.status is not None
         no_body = sink.status in (204, 304) or sink.status < 200
@@ -211,5 +221,8 @@ class SinkResponse:
                 return  # the client went away: no end of body
             if chunk is None:
                 break
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            last = sink.ended_after_this()
+            await body_send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                return
+        await body_send({"type": "http.response.body", "body": b"", "more_body": False})

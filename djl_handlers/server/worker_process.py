@@ -210,6 +210,12 @@ class WorkerProcess:
 
     # ------------------------------------------------------------------ calls
 
+    def connection(self) -> socket.socket | None:
+        """The connected socket while the process runs (for :mod:`.loop_exchange`), else ``None``."""
+        if self._sock is None or self.process is None or self.process.poll() is not None:
+            return None
+        return self._sock
+
     def call(self, properties: Mapping[str, str], content: list[tuple[str | None, bytes]]) -> wire.OutputFrame:
         """Send one frame and read the reply; :class:`WorkerDied` if the worker is gone."""
         return self._exchange(properties, content, self.spec.predict_timeout_s)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from djl_handlers.server.sink import ResponseSink, SinkResponse
+from djl_handlers.server.sink import BODY_SEND_KEY, ResponseSink, SinkResponse
 
 
 class _Client:
@@ -52,7 +52,8 @@ def test_chunks_written_together_are_one_send_and_keep_order() -> None:
         return client.bodies(), client.sent
 
     bodies, sent = asyncio.run(main())
-    assert bodies == [b"a\nb\n", b"c\n", b""]
+    assert bodies == [b"a\nb\n", b"c\n"]  # the last chunk carries the end of the body
+    assert [m["more_body"] for m in sent[1:]] == [True, False]
     head = sent[0]
     assert head["status"] == 200
     assert (b"content-type", b"application/jsonlines") in head["headers"]
@@ -111,3 +112,21 @@ def test_complete_response_has_content_length_and_completion_does_not_cancel() -
     assert client.sent[0]["status"] == 424
     assert (b"content-length", b"13") in client.sent[0]["headers"]
     assert client.bodies() == [b'{"error":"x"}']
+
+
+def test_streamed_body_goes_to_the_servers_own_send_and_the_head_through_the_app() -> None:
+    async def main() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        app_side, server_side = _Client(), _Client()
+        sink = ResponseSink()
+        scope = {BODY_SEND_KEY: server_side.send}
+        task = asyncio.ensure_future(SinkResponse(sink)(scope, app_side.receive, app_side.send))
+        sink.start(200, {})
+        sink.write(b"x")
+        await server_side.first_body.wait()
+        sink.finish()
+        await asyncio.wait_for(task, 5)
+        return app_side.sent, server_side.sent
+
+    app_sent, server_sent = asyncio.run(main())
+    assert [m["type"] for m in app_sent] == ["http.response.start"]
+    assert [(m["body"], m["more_body"]) for m in server_sent] == [(b"x", True), (b"", False)]
