@@ -20,6 +20,16 @@ DOCS = ROOT / "docs"
 THREADS = 2
 
 
+def stop_process(proc: Any, timeout: float = 30) -> None:
+    """Terminate a server subprocess, killing it when it does not exit within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: kill it
+        proc.kill()
+        proc.wait()
+
+
 def setup_torch() -> None:
     """Offline hub, 2 torch threads (the box has 2 cores shared with other jobs), and passive
     OpenMP waiting: on a loaded box, spinning OpenMP workers make 2 threads 4-8x slower than 1

@@ -147,12 +147,9 @@ def local_server(model_dir: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]
         url = _wait_listening(proc)
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        from benchmarks.common import stop_process
+
+        stop_process(proc, 20)
         log.close()
 
 

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, pct, rnd
+from benchmarks.common import ROOT, pct, rnd, stop_process
 from benchmarks.workload import Job, mixed_workload
 
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -74,12 +74,7 @@ def serve(engine: str, model_dir: Path) -> Iterator[str]:
     except RuntimeError as exc:
         raise RuntimeError(f"{exc}; server log: {log.name}") from exc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 60)
         log.close()
 
 

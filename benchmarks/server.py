@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, pct, rnd
+from benchmarks.common import ROOT, pct, rnd, stop_process
 
 DJL_SERVING = ROOT / "tests" / "djl_serving"
 if str(DJL_SERVING) not in sys.path:  # djl_server.py is a test/developer tool, not part of the package
@@ -253,12 +253,7 @@ def ours(model_dir: Path, root: Path = ROOT) -> Iterator[str]:
         yield url
     finally:
         _SERVER_PIDS.pop(url, None)
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 30)
 
 
 @contextlib.contextmanager
