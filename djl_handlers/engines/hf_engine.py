@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from djl_handlers.engines.grammar import GrammarBackend, RowGrammar
 
 LOG = logging.getLogger(__name__)
+MAX_PREFILL_PADDING = 0.125  # the share of a prefill group's tokens that may be left padding
 
 
 @dataclass
@@ -429,17 +430,21 @@ class HFEngine:
     def _take_group(self, budget: int) -> list[_Row]:
         """Queued prompts, in arrival order, whose left-padded prefill fits ``budget`` tokens and the
         batch cap (first fit: a prompt that does not fit what is left of this step's budget is
-        passed over for shorter ones behind it; it is considered first again at the next step)."""
+        passed over for shorter ones behind it; it is considered first again at the next step). A
+        prompt that would make padding more than ``MAX_PREFILL_PADDING`` of the group's tokens is
+        left for the next group (padding costs a full token's compute; an extra forward costs one
+        read of the weights, a few percent of a prefill)."""
         group: list[_Row] = []
-        longest = 0
+        longest = real = 0
         room = self._room()
         for row in [r for r in self._queue if r.ready]:  # rows whose grammar compiles wait
             if len(group) >= room or not admits_row(self, row, group):
                 break  # an adapter that cannot join yet holds the rows behind it (FIFO)
             n = len(row.request.prompt_ids)
-            if (len(group) + 1) * max(longest, n) > budget:
-                continue
-            longest = max(longest, n)
+            padded = (len(group) + 1) * max(longest, n)
+            if padded > budget or (group and padded - real - n > MAX_PREFILL_PADDING * padded):
+                continue  # too long for what is left, or too unlike the group: a later group takes it
+            longest, real = max(longest, n), real + n
             group.append(row)
         for row in group:
             self._queue.remove(row)

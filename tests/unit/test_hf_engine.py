@@ -278,3 +278,22 @@ def test_admission_is_first_fit_and_never_overtakes_a_chunked_prompt(tiny_model:
     assert engine.running_ids == () and [r.request.request_id for r in engine._queue] == [4]  # noqa: SLF001
     engine.step()  # d's last 36 tokens, then e fits in what is left
     assert sorted(engine.running_ids) == [3, 4]
+
+
+def test_prefill_groups_keep_padding_small(tiny_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """100, 10 and 95 tokens fit one 512 budget, but 10 next to 100 would be 90 % padding: it gets
+    its own group in the same step, and 95 joins 100's group (2.5 % padding)."""
+    model, tok = tiny_model
+    engine = HFEngine(model, tok, max_prefill_tokens=512)
+    groups: list[list[int]] = []
+    original = engine._prefill_group  # noqa: SLF001
+
+    def record(group: list[Any]) -> Any:
+        groups.append([r.request.request_id for r in group])
+        return original(group)
+
+    monkeypatch.setattr(engine, "_prefill_group", record)
+    for rid, n in enumerate((100, 10, 95)):
+        engine.add_request(EngineRequest(rid, [5 + (i % 50) for i in range(n)], GenerationParameters(max_new_tokens=2)))
+    engine.step()
+    assert groups == [[0, 2], [1]] and sorted(engine.running_ids) == [0, 1, 2]
