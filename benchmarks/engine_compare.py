@@ -170,7 +170,7 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
             last = {k: v for k, v in runs[key][-1].items() if k != "token_ids"}
             print("run", dtype, json.dumps(last), "load", round(loads[-1], 2), flush=True)
     sequential = None
-    if with_sequential:
+    if with_sequential and dtype == "fp32":  # the exactness reference (bf16 tokens may differ by rounding)
         _use_linear(model, "onednn")
         sequential = run_sequential(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids))
         print("run", dtype, json.dumps({k: v for k, v in sequential.items() if k != "token_ids"}), flush=True)
