@@ -91,7 +91,7 @@ def prepack_linears(model: Any) -> int:
         weight = module.weight
         if weight.device.type != "cpu" or weight.dtype not in _DTYPES or weight.dim() != 2:
             continue
-        module.forward = PackedLinear(module)  # type: ignore[method-assign]
+        module.forward = PackedLinear(module)  # type: ignore[method-assign,assignment]
         count += 1
     return count
 
