@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ def stop_process(proc: Any, timeout: float = 30) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=timeout)
-    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: kill it
+    except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
 

@@ -153,7 +153,7 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
         "static": lambda: run_static(HFEngine(model, tok, **kw), prompts, limits),
         "hf_cb": lambda: run_hf_cb(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids)),
     }
-    wanted = [m for m in modes if m != "hf_cb" or hf_cb] + (["hf_cb"] if hf_cb and "hf_cb" not in modes else [])
+    wanted = [m for m in modes if m != "hf_cb"] + (["hf_cb"] if hf_cb else [])
     chosen = {k: all_modes[k] for k in wanted}
     with torch.inference_mode():  # warm-up: one short request per engine path, both linear kinds
         for linear in ("onednn", "torch"):

@@ -143,19 +143,14 @@ def sequential_reference(model_dir: str, jobs: list[Job]) -> list[list[int]]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from benchmarks.engine_compare import run_sequential
+    from djl_handlers.engines.hf_engine import HFEngine
+
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos])
-    out: list[list[int]] = []
-    with torch.inference_mode():
-        for job in jobs:
-            ids = tok.encode(job.prompt)
-            gen = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=job.max_new_tokens,
-                                 pad_token_id=sorted(eos_ids)[0])
-            new = gen[0, len(ids):].tolist()
-            out.append(new[: next((i + 1 for i, t in enumerate(new) if t in eos_ids), len(new))])
-    return out
+    eos = set(HFEngine(model, tok).eos_token_ids)
+    result = run_sequential(model, [tok.encode(j.prompt) for j in jobs], [j.max_new_tokens for j in jobs], eos)
+    return list(result["token_ids"])
 
 
 def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repeat: int = 1,

@@ -211,19 +211,18 @@ class KVBatch:
         kept = sorted(set(keep))
         if len(kept) == len(self.rows):
             return
-        count = len(kept)
-        holes = [i for i in range(count) if i not in set(kept)]
+        count, kept_set = len(kept), set(kept)
+        holes = [i for i in range(count) if i not in kept_set]
         movers = [i for i in kept if i >= count]
         order = list(range(count))
         for hole, mover in zip(holes, movers, strict=True):
             order[hole] = mover
         device = self.mask.device
-        if movers:
-            src = torch.tensor(movers, dtype=torch.long, device=device)
-            dst = torch.tensor(holes, dtype=torch.long, device=device)
-            for layer in self.layers:
-                layer.move_rows(src, dst)
+        src = torch.tensor(movers, dtype=torch.long, device=device)
+        dst = torch.tensor(holes, dtype=torch.long, device=device)
         for layer in self.layers:
+            if movers:
+                layer.move_rows(src, dst)
             layer.keep_first(count)
         idx = torch.tensor(order, dtype=torch.long, device=device)
         self.mask, self.pos, self.pending = self.mask[idx], self.pos[idx], self.pending[idx]

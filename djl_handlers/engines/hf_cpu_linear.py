@@ -5,7 +5,7 @@
 than the caches) that reached about half the memory bandwidth here. oneDNN can reorder a weight
 once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and run every later
 call on it (``torch.ops.mkldnn._linear_pointwise``) — the same pair torch's own inductor emits for
-frozen CPU graphs. Measured on this project's 2-core box (docs/benchmarks.md §7): the 210 linear
+frozen CPU graphs. Measured on this project's 2-core box (docs/benchmarks.md §8, docs/engines.md): the 210 linear
 layers of SmolLM2-135M take 1.8-2.4x less time at 16-32 rows in fp32, 1.4x in prefill, 1.2-1.7x in bf16.
 
 Each plain ``nn.Linear`` keeps its module, parameters and hooks (PEFT, our LoRA hooks and
@@ -29,7 +29,6 @@ import torch
 
 LOG = logging.getLogger(__name__)
 
-MODES = ("onednn", "torch")
 _DTYPES = (torch.float32, torch.bfloat16)
 _HINT = 32  # the batch size oneDNN tunes the blocked layout for (results do not depend on it)
 

@@ -6,8 +6,8 @@ token of a row except its pending token (the one sampled last, fed at the next d
 [B, T] marks real positions; ``pos`` [B] is each row's true length (= position id of the pending
 token). A step:
 
-1. drops rows released or failed since the last step (``batch_select_indices``) and trims the
-   left padding they leave behind;
+1. drops rows released or failed since the last step (``KVBatch.select``: the last rows move into
+   their holes) and trims the left padding they leave behind;
 2. decodes one token for every running row (one forward of [B, 1]);
 3. prefills queued prompts within ``max_prefill_tokens`` (padded tokens count; first fit in
    arrival order: a prompt that does not fit what is left of the step's budget lets shorter ones
