@@ -102,13 +102,25 @@ def run_hf_cb(model: Any, prompts: list[list[int]], limits: list[int], eos: set[
     return _result("transformers ContinuousBatchingManager", wall, time.process_time() - c0, times, tokens)
 
 
-def _use_linear(model: Any, kind: str) -> None:
-    """Switch ``model``'s linear layers between oneDNN-prepacked (``onednn``) and torch's own."""
+def _use_kernels(model: Any, linear: str, attention: str = "ragged") -> None:
+    """Switch ``model``'s linear layers between oneDNN-prepacked (``onednn``) and torch's own, and
+    its attention between the ragged decode kernel (``ragged``) and torch's SDPA."""
+    from djl_handlers.engines import hf_ragged_attn
     from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears
 
     unpack_linears(model)
-    if kind == "onednn":
+    if linear == "onednn":
         prepack_linears(model)
+    hf_ragged_attn.disable(model)
+    if attention == "ragged" and not hf_ragged_attn.enable(model):
+        raise SystemExit("the ragged decode attention kernel cannot be built here")
+
+
+def _kernels_of(mode: str) -> tuple[str, str]:
+    """(linear, attention) kinds a mode runs with: the engine's defaults unless its name says."""
+    if mode == "hf_cb":
+        return "torch", "sdpa"
+    return ("torch" if mode.endswith("-torch") else "onednn"), ("sdpa" if mode.endswith("-sdpa") else "ragged")
 
 
 def run_sequential(model: Any, prompts: list[list[int]], limits: list[int], eos: set[int]) -> dict[str, Any]:
@@ -149,32 +161,33 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
     all_modes: dict[str, Any] = {
         "packed": lambda: run_engine(PackedHFEngine(model, tok, **kw), "HF packed (hf_step=packed)", prompts, limits),
         "padded": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded (ours, default)", prompts, limits),
+        "padded-sdpa": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_attention=sdpa", prompts, limits),
         "padded-torch": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_linear=torch", prompts, limits),
         "static": lambda: run_static(HFEngine(model, tok, **kw), prompts, limits),
         "hf_cb": lambda: run_hf_cb(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids)),
     }
     wanted = [m for m in modes if m != "hf_cb"] + (["hf_cb"] if hf_cb else [])
     chosen = {k: all_modes[k] for k in wanted}
-    with torch.inference_mode():  # warm-up: one short request per engine path, both linear kinds
-        for linear in ("onednn", "torch"):
-            _use_linear(model, linear)
+    with torch.inference_mode():  # warm-up: one short request per engine path and kernel kind
+        for linear, attention in (("onednn", "ragged"), ("onednn", "sdpa"), ("torch", "ragged")):
+            _use_kernels(model, linear, attention)
             run_engine(PackedHFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
             run_engine(HFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
     loads = [os.getloadavg()[0]]
     for _ in range(repeat):
         for key, fn in chosen.items():
-            _use_linear(model, "torch" if key.endswith("-torch") or key == "hf_cb" else "onednn")
+            _use_kernels(model, *_kernels_of(key))
             runs[key].append(fn())
             loads.append(os.getloadavg()[0])
             last = {k: v for k, v in runs[key][-1].items() if k != "token_ids"}
             print("run", dtype, json.dumps(last), "load", round(loads[-1], 2), flush=True)
     sequential = None
     if with_sequential and dtype == "fp32":  # the exactness reference (bf16 tokens may differ by rounding)
-        _use_linear(model, "onednn")
+        _use_kernels(model, "onednn", "sdpa")  # torch's attention: the reference is not our kernel
         sequential = run_sequential(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids))
         print("run", dtype, json.dumps({k: v for k, v in sequential.items() if k != "token_ids"}), flush=True)
-    _use_linear(model, "torch")
+    _use_kernels(model, "torch", "sdpa")
     first = runs["static"][0] if "static" in runs else next(iter(runs.values()))[0]
     reference = (sequential or first)["token_ids"]
     summary: dict[str, Any] = {"dtype": dtype, "prompt_tokens": sum(len(p) for p in prompts),
@@ -253,8 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=512)
     parser.add_argument("--hf-cb", action="store_true", help="also run transformers' ContinuousBatchingManager")
-    parser.add_argument("--modes", default="padded,padded-torch,packed,static",
-                        help="comma list of packed, padded, padded-torch (cpu_linear=torch), static")
+    parser.add_argument("--modes", default="padded,padded-sdpa,padded-torch,packed,static",
+                        help="comma list of packed, padded, padded-sdpa (cpu_attention=sdpa), padded-torch "
+                             "(cpu_linear=torch), static")
     parser.add_argument("--sequential", action="store_true", help="also each request alone through generate(): "
                         "the reference for token equality (else the static batch)")
     parser.add_argument("--out", default=str(DOCS / "benchmarks-engine-compare.json"))

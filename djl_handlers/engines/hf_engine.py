@@ -143,7 +143,9 @@ class HFEngine:
         Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
         options, ``max_prefill_tokens``, ``torch_threads``, ``cpu_linear`` (``onednn``, the default:
-        prepacked oneDNN linear layers on the CPU, :mod:`~djl_handlers.engines.hf_cpu_linear`; ``torch``)
+        prepacked oneDNN linear layers on the CPU, :mod:`~djl_handlers.engines.hf_cpu_linear`; ``torch``),
+        ``cpu_attention`` (``auto``, the default: decode attention over real tokens only,
+        :mod:`~djl_handlers.engines.hf_ragged_attn`, when its kernel builds; ``ragged``; ``sdpa``)
         and ``hf_step`` (``padded``, the default: this class's step; ``packed``:
         :mod:`~djl_handlers.engines.hf_packed`).
         """
@@ -169,6 +171,7 @@ class HFEngine:
             attn_implementation=config.hf.attn_implementation,
             torch_threads=raw.get("torch_threads"),
             cpu_linear=raw.get("cpu_linear") or "onednn",
+            cpu_attention=raw.get("cpu_attention") or "auto",
             max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
             max_model_len=config.max_model_len,

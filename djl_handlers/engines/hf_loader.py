@@ -9,6 +9,7 @@ Only the HF engine imports this module; torch and transformers are imported insi
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -17,6 +18,8 @@ from typing import Any
 
 from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.errors import ConfigError
+
+LOG = logging.getLogger(__name__)
 
 # option.dtype values and torch's own names for them
 DTYPES = {**DTYPE_NAMES, **{name: name for name in DTYPE_NAMES.values()}}
@@ -34,6 +37,9 @@ class LoadOptions:
     revision: str | None = None
     attn_implementation: str | None = None
     cpu_linear: str = "torch"  # "onednn": prepacked oneDNN linear layers on the CPU (hf_cpu_linear)
+    # "ragged": decode attention over real tokens (hf_ragged_attn; an error if its kernel cannot be
+    # built), "auto": ragged when it builds, else sdpa with a warning; "sdpa": torch's
+    cpu_attention: str = "sdpa"
 
     @classmethod
     def from_config(cls, config: Any = None, **overrides: Any) -> LoadOptions:
@@ -71,10 +77,15 @@ class LoadOptions:
         if cpu_linear not in ("onednn", "torch"):
             raise ConfigError(f"option.cpu_linear={self.cpu_linear!r} is not supported; use onednn or torch",
                               field="option.cpu_linear")
+        cpu_attention = str(self.cpu_attention or "sdpa").strip().lower()
+        if cpu_attention not in ("auto", "ragged", "sdpa"):
+            raise ConfigError(f"option.cpu_attention={self.cpu_attention!r} is not supported; use auto, ragged or sdpa",
+                              field="option.cpu_attention")
         return replace(
             self,
             model_id=str(self.model_id or ""),
             cpu_linear=cpu_linear,
+            cpu_attention=cpu_attention,
             dtype=dtype,
             trust_remote_code=_as_bool(self.trust_remote_code, "option.trust_remote_code"),
             torch_threads=threads,
@@ -171,4 +182,25 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
         from djl_handlers.engines.hf_cpu_linear import prepack_linears
 
         prepack_linears(model)
+    if opts.cpu_attention != "sdpa" and device == "cpu":
+        use_ragged_attention(model, required=opts.cpu_attention == "ragged")
     return model, tokenizer
+
+
+def use_ragged_attention(model: Any, required: bool) -> None:
+    """Switch a CPU model on SDPA to the ragged decode attention (``option.cpu_attention``); when
+    its kernel cannot be built, raise if ``required``, else warn and keep SDPA."""
+    from djl_handlers.engines.hf_ragged_attn import enable
+    from djl_handlers.kernels.decode_attention import unavailable_reason
+
+    if enable(model):
+        return
+    why = unavailable_reason()
+    if why is None:  # built, but the model does not use SDPA (eager, flash, ...): its choice stands
+        LOG.info("option.cpu_attention: the model uses %r attention, not sdpa; kept",
+                 model.config._attn_implementation)
+        return
+    if required:
+        raise ConfigError(f"option.cpu_attention=ragged needs its C kernel, which cannot be built here: {why}",
+                          field="option.cpu_attention")
+    LOG.warning("decode attention stays on torch's SDPA: the ragged kernel cannot be built here (%s)", why)

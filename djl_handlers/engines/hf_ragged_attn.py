@@ -1,0 +1,119 @@
+"""Decode attention over real tokens only, for HF models on the CPU (``option.cpu_attention``).
+
+A decode step of the padded engine runs one query per row against a left-padded cache of width
+``T``; torch's SDPA reads all ``T`` columns of every row, padding included (44 % of the cells on the
+benchmark workload), and its bf16 CPU path is slower than its fp32 one. The kernel in
+:mod:`djl_handlers.kernels.decode_attention` reads only each row's columns ``[start, T)``, reads a
+grouped key/value head once for all its query heads, and never depends on the other rows.
+
+Wiring: :func:`enable` registers :func:`ragged_attention` with transformers under
+:data:`ATTN_NAME` (with SDPA's own mask builder) and makes it the model's attention. Every call
+with one query token on the CPU derives the rows' starts from the boolean mask SDPA would have got
+(once per forward: all layers share the mask object) and runs the kernel; everything else
+(prompts, masks that are not "padding then tokens", soft-capping, attention sinks, sliding
+windows, other devices) goes to transformers' SDPA function unchanged. Since ``generate()`` on the
+same model object takes the same path, a request decodes to the same bits alone (sequential
+``generate()``) as in any batch of the engine.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+ATTN_NAME = "djl_ragged"
+_FALLBACK_KWARGS = ("softcap", "s_aux", "sliding_window", "position_bias")
+
+_registered = False
+_last: tuple[Any, torch.Tensor | None] | None = None  # (weakref to the last mask seen, its starts)
+
+
+def _sdpa(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward(*args, **kwargs)
+
+
+def starts_from_mask(mask: torch.Tensor | None, rows: int, width: int) -> torch.Tensor | None:
+    """Each row's first real column when ``mask`` ([rows, 1, 1, width] bool, True = attend) is
+    "padding then tokens" in every row (zeros when there is no mask); None otherwise."""
+    if mask is None:
+        return torch.zeros(rows, dtype=torch.int64)
+    if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (rows, 1, 1, width):
+        return None
+    global _last
+    cached = _last
+    if cached is not None and cached[0]() is mask:  # a later layer of the same forward
+        return cached[1]
+    flat = mask.view(rows, width)
+    count = flat.sum(dim=1)
+    starts: torch.Tensor | None = width - count
+    first = flat.int().argmax(dim=1)  # first True (0 for a row of all False)
+    if bool((count == 0).any()) or not bool((first == starts).all()):
+        starts = None
+    _last = (weakref.ref(mask), starts)
+    return starts
+
+
+def ragged_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: ``query`` [B, H, q, D], ``key``/``value``
+    [B, H_kv, T, D] → ([B, q, H, D], None)."""
+    rows, heads, q_len, dim = query.shape
+    if (
+        q_len == 1
+        and query.device.type == "cpu"
+        and dropout == 0.0
+        and not any(kwargs.get(name) is not None for name in _FALLBACK_KWARGS)
+    ):
+        starts = starts_from_mask(attention_mask, rows, key.shape[2])
+        if starts is not None:
+            from djl_handlers.kernels.decode_attention import decode_attention
+
+            scale = scaling if scaling is not None else dim**-0.5
+            out = decode_attention(query[:, :, 0], key, value, starts, scale)
+            if out is not None:
+                return out.unsqueeze(1), None
+    return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def register() -> None:
+    """Register :func:`ragged_attention` (with SDPA's mask builder) with transformers, once."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, ragged_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+    _registered = True
+
+
+def enable(model: Any) -> bool:
+    """Make :func:`ragged_attention` the attention of ``model`` (a CPU model using SDPA) when the
+    kernel builds here. Returns whether it was enabled."""
+    from djl_handlers.kernels.decode_attention import available
+
+    config = model.config
+    if getattr(config, "_attn_implementation", None) != "sdpa" or not available():
+        return False
+    register()
+    config._attn_implementation = ATTN_NAME
+    return True
+
+
+def disable(model: Any) -> None:
+    """Give ``model`` back torch's SDPA attention."""
+    if getattr(model.config, "_attn_implementation", None) == ATTN_NAME:
+        model.config._attn_implementation = "sdpa"

@@ -1,0 +1,1 @@
+"""Small native kernels built at first use (see :mod:`djl_handlers.kernels.build`)."""

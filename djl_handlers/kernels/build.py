@@ -1,0 +1,149 @@
+"""Build a C kernel of this package into a shared library at first use, and load it with ctypes.
+
+The source ships inside the package (``djl_handlers/kernels/<name>.c``). The library is compiled
+once per source, compiler and CPU into a cache folder (``DJL_HANDLERS_KERNEL_DIR``, else
+``$XDG_CACHE_HOME/djl_handlers/kernels``, else ``~/.cache/djl_handlers/kernels``) and loaded from
+there afterwards: the file name carries a hash of the source, the flags, the compiler's version and
+the CPU's feature flags, so a cache shared between different machines never loads a library built
+for another CPU (``-march=native``). Concurrent first builds (several workers) are safe: each
+compiles to a private temporary file and renames it into place.
+
+Why C + ctypes rather than a torch C++ extension: a plain C file compiles in about a second with
+no torch headers and no pybind (a torch extension takes minutes on a 2-core box), and its OpenMP
+runtime is the ``libgomp.so.1`` torch has already loaded. Failure (no compiler, a sandbox without
+a writable cache) is reported, never raised: callers fall back to torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+LOG = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+# Tried in order; the first that compiles and loads wins. The first is the fast one: native
+# instructions and vectorised expf (glibc's libmvec); the second is plain portable C.
+FLAG_SETS: tuple[tuple[str, ...], ...] = (
+    ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"),
+    ("-O2", "-fopenmp", "-shared", "-fPIC"),
+)
+LIBS: tuple[tuple[str, ...], ...] = (("-lmvec", "-lm"), ("-lm",))
+
+_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL | None] = {}
+_errors: dict[str, str] = {}
+
+
+def cache_dir() -> Path:
+    """Where built libraries are kept."""
+    explicit = os.environ.get("DJL_HANDLERS_KERNEL_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "djl_handlers" / "kernels"
+
+
+def compiler() -> str | None:
+    """The C compiler: ``$CC``, else ``cc``/``gcc``/``clang`` on the PATH."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+def _version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The library built from ``<name>.c`` (built now if needed), or None when it cannot be built;
+    :func:`error` then says why. Thread-safe; the result is remembered for the process."""
+    with _lock:
+        if name not in _loaded:
+            try:
+                _loaded[name] = _build_and_load(name)
+            except _BuildError as exc:
+                _loaded[name] = None
+                _errors[name] = str(exc)
+                LOG.warning("kernel %s is unavailable: %s", name, exc)
+        return _loaded[name]
+
+
+def error(name: str) -> str | None:
+    """Why :func:`load` returned None for ``name`` (None when it loaded or was never tried)."""
+    return _errors.get(name)
+
+
+class _BuildError(RuntimeError):
+    pass
+
+
+def _build_and_load(name: str) -> ctypes.CDLL:
+    source = HERE / f"{name}.c"
+    if not source.is_file():
+        raise _BuildError(f"{source} is missing from the installed package")
+    cc = compiler()
+    if cc is None:
+        raise _BuildError("no C compiler found (set CC, or install gcc)")
+    text = source.read_bytes()
+    version = _version(cc)
+    problems = []
+    for flags, libs in zip(FLAG_SETS, LIBS, strict=True):
+        digest = hashlib.sha256(
+            b"\0".join([text, " ".join(flags + libs).encode(), version.encode(), _cpu_flags().encode()])
+        ).hexdigest()[:16]
+        target = cache_dir() / f"{name}-{digest}.so"
+        if not target.exists():
+            problem = _compile(cc, source, target, flags, libs)
+            if problem:
+                problems.append(problem)
+                continue
+        try:
+            return ctypes.CDLL(str(target))
+        except OSError as exc:
+            problems.append(f"{' '.join(flags)}: cannot load {target}: {exc}")
+    raise _BuildError("; ".join(problems))
+
+
+def _compile(cc: str, source: Path, target: Path, flags: tuple[str, ...], libs: tuple[str, ...]) -> str | None:
+    """Compile into ``target`` atomically; returns a problem description or None."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        return f"cannot write to {target.parent}: {exc}"
+    try:
+        cmd = [cc, *flags, "-o", tmp, str(source), *libs]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}"
+        os.replace(tmp, target)
+        LOG.info("built kernel %s (%s)", target.name, " ".join(flags))
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{cc} failed: {exc}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,96 @@
+"""Decode attention over each row's real tokens (the C kernel in ``decode_attention.c``).
+
+:func:`decode_attention` computes, for one query token per row, ``softmax(q·Kᵀ·scale)·V`` over
+the columns ``[start[b], T)`` of row ``b`` only: the left padding of a padded batch is never read,
+grouped-query heads read their shared key/value head once, and a row's result does not depend on
+the other rows of the call (the same bits alone or in any batch). fp32 and bf16 (fp32 arithmetic),
+CPU tensors whose last dimension is contiguous; anything else is refused with ``None`` so callers
+can fall back to torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from djl_handlers.kernels import build
+
+NAME = "decode_attention"
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+class _Shape(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_int64)
+        for name in ("rows", "heads", "kv_heads", "dim", "width", "q_row", "q_head", "k_row", "k_head", "k_col",
+                     "v_row", "v_head", "v_col")
+    ] + [("scale", ctypes.c_float), ("threads", ctypes.c_int)]
+
+
+_fn: Any = None
+
+
+def library() -> Any:
+    """The loaded kernel function (building the library if needed), or None when unavailable."""
+    global _fn
+    if _fn is None:
+        lib = build.load(NAME)
+        if lib is None:
+            return None
+        fn = lib.djl_decode_attention
+        fn.argtypes = [ctypes.POINTER(_Shape), ctypes.c_int] + [ctypes.c_void_p] * 5
+        fn.restype = ctypes.c_int
+        _fn = fn
+    return _fn
+
+
+def available() -> bool:
+    """True when the kernel builds and loads here (see :func:`unavailable_reason` otherwise)."""
+    return library() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot be used (None when it can)."""
+    return None if available() else build.error(NAME) or "not built"
+
+
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor, scale: float
+) -> torch.Tensor | None:
+    """``query`` [B, H, D], ``key``/``value`` [B, H_kv, T, D] (any strides, last one 1), ``starts``
+    [B] int64: row ``b`` attends to columns ``[starts[b], T)``. Returns [B, H, D] contiguous, or
+    None when the inputs are outside what the kernel handles (or it is unavailable)."""
+    fn = library()
+    if fn is None or not _supported(query, key, value, starts):
+        return None
+    rows, heads, dim = query.shape
+    kv_heads, width = key.shape[1], key.shape[2]
+    out = query.new_empty((rows, heads, value.shape[-1]))
+    if rows == 0:
+        return out
+    shape = _Shape(
+        rows, heads, kv_heads, dim, width,
+        query.stride(0), query.stride(1),
+        key.stride(0), key.stride(1), key.stride(2),
+        value.stride(0), value.stride(1), value.stride(2),
+        float(scale), max(1, torch.get_num_threads()),
+    )
+    starts = starts.contiguous()
+    rc = fn(ctypes.byref(shape), int(query.dtype == torch.bfloat16), query.data_ptr(), key.data_ptr(),
+            value.data_ptr(), starts.data_ptr(), out.data_ptr())
+    return out if rc == 0 else None
+
+
+def _supported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor) -> bool:
+    tensors = (query, key, value)
+    if any(t.device.type != "cpu" or t.dtype != query.dtype for t in tensors) or query.dtype not in DTYPES:
+        return False
+    if query.dim() != 3 or key.dim() != 4 or value.shape != key.shape or any(t.stride(-1) != 1 for t in tensors):
+        return False
+    rows, heads, dim = query.shape
+    kv_heads = key.shape[1]
+    if key.shape[0] != rows or key.shape[3] != dim or kv_heads == 0 or heads % kv_heads:
+        return False
+    return starts.dtype == torch.int64 and starts.device.type == "cpu" and tuple(starts.shape) == (rows,)
