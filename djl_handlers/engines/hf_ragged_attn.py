@@ -49,10 +49,10 @@ def starts_from_mask(mask: torch.Tensor | None, rows: int, width: int) -> torch.
         return cached[1]
     flat = mask.view(rows, width)
     count = flat.sum(dim=1)
-    starts: torch.Tensor | None = width - count
+    tail: torch.Tensor = width - count  # where the row's tokens would start if they are contiguous
     first = flat.int().argmax(dim=1)  # first True (0 for a row of all False)
-    if bool((count == 0).any()) or not bool((first == starts).all()):
-        starts = None
+    ragged = not bool((count == 0).any()) and torch.equal(first, tail)
+    starts = tail if ragged else None
     _last = (weakref.ref(mask), starts)
     return starts
 

@@ -22,11 +22,12 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 
 class _Shape(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_int64)
-        for name in ("rows", "heads", "kv_heads", "dim", "width", "q_row", "q_head", "k_row", "k_head", "k_col",
-                     "v_row", "v_head", "v_col")
-    ] + [("scale", ctypes.c_float), ("threads", ctypes.c_int)]
+    _fields_ = [  # noqa: RUF012 (ctypes reads it as a class attribute)
+        *((name, ctypes.c_int64) for name in ("rows", "heads", "kv_heads", "dim", "width", "q_row", "q_head",
+                                              "k_row", "k_head", "k_col", "v_row", "v_head", "v_col")),
+        ("scale", ctypes.c_float),
+        ("threads", ctypes.c_int),
+    ]
 
 
 _fn: Any = None
@@ -40,7 +41,7 @@ def library() -> Any:
         if lib is None:
             return None
         fn = lib.djl_decode_attention
-        fn.argtypes = [ctypes.POINTER(_Shape), ctypes.c_int] + [ctypes.c_void_p] * 5
+        fn.argtypes = [ctypes.POINTER(_Shape), ctypes.c_int, *([ctypes.c_void_p] * 5)]
         fn.restype = ctypes.c_int
         _fn = fn
     return _fn
