@@ -32,6 +32,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "serving.properties.examples"
         ({}, {"batchsize": "4"}, "batchsize is not read by DJL Serving or djl_handlers; did you mean batch_size?"),
         ({}, {"max_batch_dealy": "10"}, "did you mean max_batch_delay?"),
         ({"enforce_eager": "true"}, {}, "option.enforce_eager is read only by the vllm, lmi-dist engine(s)"),
+        ({"cpu_atention": "ragged"}, {}, "did you mean option.cpu_attention?"),
     ],
 )
 def test_each_typo_gets_one_warning_with_a_close_match(options: dict[str, str], server: dict[str, str],
@@ -43,12 +44,21 @@ def test_each_typo_gets_one_warning_with_a_close_match(options: dict[str, str], 
 def test_keys_that_djl_or_we_read_are_not_warned_about() -> None:
     options = {"model_id": "m", "dtype": "fp32", "pythonExecutable": "/usr/bin/python3", "parallel_loading": "true",
                "entryPoint": "djl_handlers.huggingface", "env": "A=1", "embedded_model": "smollm2-135m-instruct",
-               "torch_threads": "2", "max_prefill_tokens": "512", "mpi_mode": "false", "tgi_compat": "true"}
+               "torch_threads": "2", "max_prefill_tokens": "512", "mpi_mode": "false", "tgi_compat": "true",
+               "hf_step": "padded", "cpu_linear": "onednn", "cpu_attention": "auto"}
     server = {"engine": "Python", "minWorkers": "1", "maxWorkers": "2", "gpu.minWorkers": "1", "job_queue_size": "9",
               "cpu.maxWorkers": "1", "required_memory_mb": "100", "load_on_devices": "0", "max_idle_time": "60",
               "batch_size": "1", "max_batch_delay": "100", "max_dynamic_batch_size": "1"}
     assert key_warnings(options, server, "huggingface") == []
     assert key_warnings({"enforce_eager": "true", "max_loras": "2"}, {}, "vllm") == []
+
+
+@pytest.mark.parametrize("key", ["cpu_attention", "cpu_linear", "hf_step"])
+def test_huggingface_only_keys_are_known_there_and_named_elsewhere(key: str) -> None:
+    assert key in engine_option_keys("huggingface") and key in known_option_keys("huggingface")
+    assert key_warnings({key: "x"}, {}, "huggingface") == []
+    (warning,) = key_warnings({key: "x"}, {}, "vllm")
+    assert f"option.{key} is read only by the huggingface engine(s)" in warning
 
 
 def test_an_unknown_key_without_a_close_match_is_still_named() -> None:
