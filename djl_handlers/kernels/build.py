@@ -29,13 +29,17 @@ from pathlib import Path
 LOG = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-# Tried in order; the first that compiles and loads wins. The first is the fast one: native
-# instructions and vectorised expf (glibc's libmvec); the second is plain portable C.
+# Compile flags, tried in order; the first that compiles and loads wins. The first is the fast one:
+# native instructions and vectorised expf (glibc's libmvec); the second is plain portable C.
 FLAG_SETS: tuple[tuple[str, ...], ...] = (
-    ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"),
-    ("-O2", "-fopenmp", "-shared", "-fPIC"),
+    ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"),
+    ("-O2", "-fopenmp", "-fPIC"),
 )
 LIBS: tuple[tuple[str, ...], ...] = (("-lmvec", "-lm"), ("-lm",))
+# The link step is separate and never sees -ffast-math: linked with it, gcc (before 13) and clang add
+# crtfastmath.o, whose constructor turns on flush-to-zero / denormals-are-zero for the whole process
+# when the library loads, silently changing every later float computation of torch and numpy.
+LINK_FLAGS: tuple[str, ...] = ("-shared", "-fopenmp")
 
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
@@ -111,7 +115,8 @@ def _build_and_load(name: str) -> ctypes.CDLL:
     problems = []
     for flags, libs in zip(FLAG_SETS, LIBS, strict=True):
         digest = hashlib.sha256(
-            b"\0".join([text, " ".join(flags + libs).encode(), version.encode(), _cpu_flags().encode()])
+            b"\0".join([text, " ".join(flags + LINK_FLAGS + libs).encode(), version.encode(),
+                        _cpu_flags().encode()])
         ).hexdigest()[:16]
         target = cache_dir() / f"{name}-{digest}.so"
         if not target.exists():
@@ -127,23 +132,26 @@ def _build_and_load(name: str) -> ctypes.CDLL:
 
 
 def _compile(cc: str, source: Path, target: Path, flags: tuple[str, ...], libs: tuple[str, ...]) -> str | None:
-    """Compile into ``target`` atomically; returns a problem description or None."""
+    """Compile, then link (separately: see :data:`LINK_FLAGS`), into ``target`` atomically; returns
+    a problem description or None."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
     except OSError as exc:
         return f"cannot write to {target.parent}: {exc}"
+    obj = tmp + ".o"  # unique as tmp is
     try:
-        cmd = [cc, *flags, "-o", tmp, str(source), *libs]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            return f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}"
+        for cmd in ([cc, *flags, "-c", "-o", obj, str(source)], [cc, *LINK_FLAGS, "-o", tmp, obj, *libs]):
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                return f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}"
         os.replace(tmp, target)
         LOG.info("built kernel %s (%s)", target.name, " ".join(flags))
         return None
     except (OSError, subprocess.SubprocessError) as exc:
         return f"{cc} failed: {exc}"
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for path in (tmp, obj):
+            if os.path.exists(path):
+                os.unlink(path)

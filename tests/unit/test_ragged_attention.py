@@ -361,6 +361,32 @@ def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
         assert alone[i] == stock[i], f"request {i}: ragged generate() vs stock sdpa"
 
 
+@needs_kernel
+def test_bf16_engine_with_ragged_attention_equals_generate_alone(tiny_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16: the kernel's own dtype path, through the engine's slab views and generate() alike."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.bfloat16).eval()
+    dtypes: list[Any] = []
+    real_kernel = kernel.decode_attention
+
+    def recording_kernel(query: Tensor, *args: Any) -> Tensor | None:
+        dtypes.append(query.dtype)
+        return real_kernel(query, *args)
+
+    monkeypatch.setattr(kernel, "decode_attention", recording_kernel)
+    prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x", "One two three")]
+    news = [6, 4, 8, 5]
+    assert enable(model)
+    got = _run_engine(model, tok, prompts, news)
+    alone = _generate(model, prompts, news)
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    for i, n in enumerate(news):
+        assert got[i][:n] == alone[i], f"request {i}"
+
+
 def test_enable_leaves_other_attentions_alone(tiny_model: Any) -> None:
     model, _ = tiny_model
     model.config._attn_implementation = "eager"
@@ -432,13 +458,20 @@ def test_an_unbuildable_kernel_keeps_sdpa_under_auto_and_fails_ragged(
 # 7. build.py
 
 
+_compile_steps: list[list[str]] = []
+
+
 def _compiles(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Records the link commands (one per library built); the compile commands go to _compile_steps."""
     calls: list[list[str]] = []
     real_run = subprocess.run
+    _compile_steps.clear()
 
     def run(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
         if "-shared" in cmd:
             calls.append(cmd)
+        elif "-c" in cmd:
+            _compile_steps.append(cmd)
         return real_run(cmd, *args, **kwargs)
 
     monkeypatch.setattr(build.subprocess, "run", run)
@@ -453,9 +486,11 @@ def test_the_library_is_built_once_into_the_cache_and_reused(monkeypatch: pytest
     monkeypatch.setattr(build, "_errors", {})
     compiles = _compiles(monkeypatch)
     assert build.load(kernel.NAME) is not None and build.error(kernel.NAME) is None
-    (library,) = folder.iterdir()  # one library, no temporary files left behind
+    (library,) = folder.iterdir()  # one library, no temporary or object files left behind
     assert library.name.startswith(f"{kernel.NAME}-") and library.suffix == ".so"
     assert len(compiles) == 1
+    # -ffast-math only where the code is compiled, never where it is linked (crtfastmath.o)
+    assert "-ffast-math" in _compile_steps[0] and "-ffast-math" not in compiles[0]
     mtime = library.stat().st_mtime_ns
     monkeypatch.setattr(build, "_loaded", {})  # a new process: same folder, nothing remembered
     assert build.load(kernel.NAME) is not None
@@ -489,3 +524,18 @@ def test_a_failing_compiler_is_reported(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert reason is not None and reason.count("broken-cc: no luck") == len(build.FLAG_SETS), reason
     assert not [p for p in (tmp_path / "kernels").iterdir()], "temporary files were left behind"
     assert os.environ["CC"] == str(fake)
+
+
+@needs_kernel
+def test_loading_the_library_leaves_subnormal_floats_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A library linked with -ffast-math (gcc < 13, clang) sets flush-to-zero for the whole process
+    when it loads: torch's and numpy's subnormals would silently become 0 everywhere."""
+    import numpy as np
+
+    monkeypatch.setenv("DJL_HANDLERS_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(build, "_loaded", {})
+    monkeypatch.setattr(build, "_errors", {})
+    assert build.load(kernel.NAME) is not None
+    tiny = torch.tensor([1e-38], dtype=torch.float32)
+    assert (tiny / 1000).item() > 0 and (tiny * 1e-3).item() > 0
+    assert float(np.float32(1e-38) / np.float32(1000)) > 0
