@@ -398,6 +398,20 @@ def test_enable_leaves_other_attentions_alone(tiny_model: Any) -> None:
         model.config._attn_implementation = "sdpa"
 
 
+@needs_kernel
+@pytest.mark.parametrize("required", [False, True])
+def test_a_model_not_on_sdpa_keeps_its_attention_even_when_ragged_is_required(tiny_model: Any, required: bool) -> None:
+    from djl_handlers.engines.hf_loader import use_ragged_attention
+
+    model, _ = tiny_model
+    model.config._attn_implementation = "eager"
+    try:
+        use_ragged_attention(model, required=required)  # the kernel builds: not an error
+        assert model.config._attn_implementation == "eager"
+    finally:
+        model.config._attn_implementation = "sdpa"
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. the loader's switch
 
