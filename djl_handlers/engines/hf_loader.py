@@ -194,6 +194,7 @@ def use_ragged_attention(model: Any, required: bool) -> None:
     from djl_handlers.kernels.decode_attention import unavailable_reason
 
     if enable(model):
+        LOG.info("option.cpu_attention: decode steps attend over real tokens only (ragged kernel)")
         return
     why = unavailable_reason()
     if why is None:  # built, but the model does not use SDPA (eager, flash, ...): its choice stands

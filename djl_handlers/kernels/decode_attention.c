@@ -149,6 +149,158 @@ static void task_bf16(const attn_shape *s, const uint16_t *q, const uint16_t *k,
     }
 }
 
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* AVX-512 path (built with -march=native on a CPU that has it): head dims that are a multiple of
+ * 16 up to 256. Keys are taken 16 at a time; the 16 dot products of one query are summed across
+ * lanes together (one transposed reduction instead of 16 horizontal ones). Values are taken in
+ * chunks converted to fp32 once for all the query heads of the group. */
+#define KEYS 16
+#define CHUNK 64
+
+/* Lane j of the result is the sum of the 16 lanes of v[j]. */
+static inline __m512 sum16(const __m512 v[16]) {
+    __m512 w[8], x[4];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88), _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+    __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88), _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
+}
+
+static inline __m512 load_f32(const void *p, int is_bf16) {
+    if (!is_bf16) return _mm512_loadu_ps((const float *)p);
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+static inline void store_out(void *p, int is_bf16, __m512 x) {
+    if (!is_bf16) {
+        _mm512_storeu_ps((float *)p, x);
+        return;
+    }
+    float tmp[16];
+    uint16_t *o = (uint16_t *)p;
+    _mm512_storeu_ps(tmp, x);
+    for (int i = 0; i < 16; i++) o[i] = f32_to_bf16(tmp[i]);
+}
+
+static inline __attribute__((always_inline)) void task_avx512(
+    const attn_shape *s, int is_bf16, const char *q, const char *k, const char *v, int64_t start, char *out,
+    int64_t b, int64_t g, float *scores, float *buf, const int nv) {
+    const int64_t d = (int64_t)nv * 16, rep = s->heads / s->kv_heads, n = s->width - start;
+    const int64_t esz = is_bf16 ? 2 : 4;
+    const __m512 scale = _mm512_set1_ps(s->scale);
+    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * esz;
+    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * esz;
+    float *rows = buf;                 /* [CHUNK][d] fp32 copies of keys or values */
+    float *zero = buf + CHUNK * d;     /* [d] zeros: the missing keys of a last block */
+    memset(zero, 0, sizeof(float) * d);
+    /* scores = q . k * scale, 16 keys at a time */
+    for (int64_t t0 = 0; t0 < n; t0 += KEYS) {
+        const int m = (int)(n - t0 < KEYS ? n - t0 : KEYS);
+        const float *kr[KEYS];
+        for (int j = 0; j < KEYS; j++) {
+            if (j >= m) {
+                kr[j] = zero;
+            } else if (is_bf16) {
+                const char *src = kb + (t0 + j) * s->k_col * esz;
+                for (int c = 0; c < nv; c++) _mm512_storeu_ps(rows + j * d + 16 * c, load_f32(src + 32 * c, 1));
+                kr[j] = rows + j * d;
+            } else {
+                kr[j] = (const float *)(kb + (t0 + j) * s->k_col * esz);
+            }
+        }
+        for (int64_t r = 0; r < rep; r++) {
+            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head) * esz;
+            __m512 qv[16];
+            for (int c = 0; c < nv; c++) qv[c] = load_f32(qr + 16 * c * esz, is_bf16);
+            __m512 acc[KEYS];
+            for (int j = 0; j < KEYS; j++) {
+                __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr[j]));
+                for (int c = 1; c < nv; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr[j] + 16 * c), a);
+                acc[j] = a;
+            }
+            _mm512_mask_storeu_ps(scores + r * n + t0, (__mmask16)((1u << m) - 1u), _mm512_mul_ps(sum16(acc), scale));
+        }
+    }
+    /* softmax numerators and sums */
+    float sum[MAX_REP];
+    for (int64_t r = 0; r < rep; r++) {
+        float *sr = scores + r * n;
+        float mx = sr[0];
+        for (int64_t t = 1; t < n; t++) mx = sr[t] > mx ? sr[t] : mx;
+        float total = 0.f;
+        for (int64_t t = 0; t < n; t++) {
+            sr[t] = expf(sr[t] - mx);
+            total += sr[t];
+        }
+        sum[r] = total;
+    }
+    /* out = p . V / sum, values in chunks converted once for all query heads */
+    __m512 acc[MAX_REP][16];
+    for (int64_t r = 0; r < rep; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        const int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
+        const float *vr = rows;
+        int64_t stride = d;
+        if (is_bf16) {
+            for (int64_t j = 0; j < m; j++) {
+                const char *src = vb + (t0 + j) * s->v_col * esz;
+                for (int c = 0; c < nv; c++) _mm512_storeu_ps(rows + j * d + 16 * c, load_f32(src + 32 * c, 1));
+            }
+        } else {
+            vr = (const float *)(vb + t0 * s->v_col * esz);
+            stride = s->v_col;
+        }
+        for (int64_t r = 0; r < rep; r++) {
+            __m512 a[16];
+            for (int c = 0; c < nv; c++) a[c] = acc[r][c];
+            const float *p = scores + r * n + t0;
+            for (int64_t j = 0; j < m; j++) {
+                const __m512 pj = _mm512_set1_ps(p[j]);
+                for (int c = 0; c < nv; c++) a[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + j * stride + 16 * c), a[c]);
+            }
+            for (int c = 0; c < nv; c++) acc[r][c] = a[c];
+        }
+    }
+    for (int64_t r = 0; r < rep; r++) {
+        const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
+        char *o = out + (b * s->heads + g * rep + r) * d * esz;
+        for (int c = 0; c < nv; c++) store_out(o + 16 * c * esz, is_bf16, _mm512_mul_ps(acc[r][c], inv));
+    }
+}
+
+/* Specialised copies (the head dim fixed at compile time keeps the accumulators in registers). */
+static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
+                       int64_t start, void *out, int64_t b, int64_t g, float *scores, float *buf) {
+    switch (s->dim) {
+    case 64: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 4); return 1;
+    case 128: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 8); return 1;
+    case 32: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 2); return 1;
+    case 80: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 5); return 1;
+    case 96: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 6); return 1;
+    case 256: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 16); return 1;
+    default: return 0;
+    }
+}
+#define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
+#else
+static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
+                       int64_t start, void *out, int64_t b, int64_t g, float *scores, float *buf) {
+    (void)s; (void)is_bf16; (void)q; (void)k; (void)v; (void)start; (void)out; (void)b; (void)g; (void)scores;
+    (void)buf;
+    return 0;
+}
+#define VECTOR_BUF(d) ((size_t)1)
+#endif
+
 /* Returns 0, or -1 when the shape is outside the kernel's limits (the caller falls back). */
 int djl_decode_attention(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
                          const int64_t *starts, void *out) {
@@ -161,17 +313,21 @@ int djl_decode_attention(const attn_shape *s, int is_bf16, const void *q, const 
 #pragma omp parallel num_threads(s->threads) reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * (size_t)(rep * s->width));
-        if (!scores) failed = 1;
+        float *buf = malloc(sizeof(float) * VECTOR_BUF(s->dim));
+        if (!scores || !buf) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
-            if (!scores) continue; /* every thread still takes part in the loop */
+            if (!scores || !buf) continue; /* every thread still takes part in the loop */
             const int64_t b = task / s->kv_heads, g = task % s->kv_heads;
+            if (task_vector(s, is_bf16, q, k, v, starts[b], out, b, g, scores, buf))
+                continue;
             if (is_bf16)
                 task_bf16(s, q, k, v, starts[b], out, b, g, scores);
             else
                 task_f32(s, q, k, v, starts[b], out, b, g, scores);
         }
         free(scores);
+        free(buf);
     }
     return failed ? -2 : 0;
 }
