@@ -56,9 +56,39 @@ def _python_for(engine: str) -> str:
     return str(VLLM_VENV / "bin" / "python") if engine == "vllm" else sys.executable
 
 
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(user + system CPU seconds of ``pid`` itself, of all its descendants) from Linux /proc;
+    zeros where /proc cannot be read. The server process is the HTTP front end; its descendants
+    are the model worker and whatever that starts (vLLM's engine-core process)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def own(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    def children(p: int) -> list[int]:
+        found: list[int] = []
+        for task in Path(f"/proc/{p}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+        return found
+
+    try:
+        front = own(pid)
+        below, todo = 0.0, children(pid)
+        while todo:
+            child = todo.pop()
+            with contextlib.suppress(OSError):
+                below += own(child)
+                todo += children(child)
+        return front, below
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0
+
+
 @contextlib.contextmanager
-def serve(engine: str, model_dir: Path) -> Iterator[str]:
-    """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1; yields the URL."""
+def serve(engine: str, model_dir: Path) -> Iterator[tuple[str, int]]:
+    """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1; yields the URL
+    and the server's pid."""
     from benchmarks.server import _wait_ping, free_port
 
     port = free_port()
@@ -70,7 +100,7 @@ def serve(engine: str, model_dir: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ping(url, proc, timeout=600)
-        yield url
+        yield url, proc.pid
     except RuntimeError as exc:
         raise RuntimeError(f"{exc}; server log: {log.name}") from exc
     finally:
@@ -122,11 +152,15 @@ async def _workload(url: str, jobs: list[Job]) -> tuple[float, list[dict[str, An
 
 def run_once(engine: str, model_dir: Path, jobs: list[Job]) -> dict[str, Any]:
     """Start the server, warm it up, run the workload, stop it."""
-    with serve(engine, model_dir) as url:
+    with serve(engine, model_dir) as (url, pid):
         warm = [Job("Hello there", 2, 4, 0.0), Job("The capital of France is", 5, 4, 0.0)]
         asyncio.run(_workload(url, warm))
         load_before = os.getloadavg()[0]
+        front0, engine0 = cpu_seconds(pid)
+        client0 = time.process_time()
         wall, results = asyncio.run(_workload(url, jobs))
+        client_cpu = time.process_time() - client0
+        front1, engine1 = cpu_seconds(pid)
     tokens = sum(len(r["ids"]) for r in results)
     ttft = [r["times"][0] for r in results if r["times"]]
     itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)]
@@ -135,6 +169,9 @@ def run_once(engine: str, model_dir: Path, jobs: list[Job]) -> dict[str, Any]:
             "itl_p50_ms": rnd(1000 * (pct(itl, 0.5) or 0), 1), "itl_p99_ms": rnd(1000 * (pct(itl, 0.99) or 0), 1),
             "errors": sum(len(r["errors"]) + (r.get("status") != 200) for r in results),
             "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            # CPU seconds during the workload: HTTP front end, model worker(s), this load generator
+            "cpu_s": {"front": rnd(front1 - front0), "engine": rnd(engine1 - engine0), "client": rnd(client_cpu)},
+            "tok_per_server_cpu_s": rnd(tokens / max(1e-9, front1 - front0 + engine1 - engine0), 1),
             "token_ids": [r["ids"] for r in results]}
 
 
@@ -195,6 +232,8 @@ def _summary(runs: dict[str, list[dict[str, Any]]], ref: list[list[int]] | None)
         hf, vl = best["huggingface"], best["vllm"]
         block["hf_over_vllm_tok_s"] = rnd(hf["tok_s"] / vl["tok_s"]) if vl["tok_s"] else None
         block["hf_ttft_p50_over_vllm"] = rnd(hf["ttft_p50_s"] / vl["ttft_p50_s"]) if vl["ttft_p50_s"] else None
+        block["hf_over_vllm_per_server_cpu_s"] = (
+            rnd(hf["tok_per_server_cpu_s"] / vl["tok_per_server_cpu_s"]) if vl["tok_per_server_cpu_s"] else None)
         same = sum(a == b for a, b in zip(hf["token_ids"], vl["token_ids"], strict=True))
         block["hf_vs_vllm_identical"] = f"{same}/{len(hf['token_ids'])}"
     return block
