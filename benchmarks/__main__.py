@@ -1,4 +1,4 @@
-"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,all} [--quick]``.
+"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,attention,all} [--quick]``.
 
 Each subcommand prints its tables and writes ``docs/benchmarks-<name>.json`` (``-quick.json``
 for ``--quick``, which finishes in under two minutes and draws no PNG) and, for full runs, a PNG
@@ -97,7 +97,8 @@ def _served(args: argparse.Namespace) -> None:
                                           reference=not args.no_reference)
     for dtype, block in report["dtypes"].items():
         print_table(block["rows"], ["engine", "tok_s", "tok_s_runs", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms",
-                                    "itl_p99_ms", "errors", "identical_to_generate", "load_avg_1m"],
+                                    "itl_p99_ms", "errors", "identical_to_generate", "cpu_s", "tok_per_server_cpu_s",
+                                    "load_avg_1m"],
                     f"engines through djl-handlers serve, {dtype}")
         print({k: v for k, v in block.items() if k != "rows"})
     write_report("served", report, args.quick, started)
@@ -111,9 +112,16 @@ def _compare(args: argparse.Namespace) -> None:
 
     out = engine_compare.DOCS / f"benchmarks-engine-compare{'-quick' if args.quick else ''}.json"
     engine_compare.main(["--n", str(8 if args.quick else args.n), "--dtype", args.dtype,
-                         "--repeat", str(args.repeat or 1), "--modes", "padded,padded-torch,packed,static",
+                         "--repeat", str(args.repeat or 1), "--modes", "padded,padded-sdpa,padded-torch,packed,static",
                          "--out", str(out),
                          *([] if args.quick else ["--sequential"])])
+
+
+def _attention(args: argparse.Namespace) -> None:
+    from benchmarks import decode_attention
+
+    out = decode_attention.DOCS / f"benchmarks-decode-attention{'-quick' if args.quick else ''}.json"
+    decode_attention.main(["--dtype", args.dtype, "--rounds", str(1 if args.quick else 3), "--out", str(out)])
 
 
 def _profile(args: argparse.Namespace) -> None:
@@ -127,7 +135,7 @@ def _profile(args: argparse.Namespace) -> None:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "memory": _memory,
-    "profile": _profile, "served": _served, "compare": _compare,
+    "profile": _profile, "served": _served, "compare": _compare, "attention": _attention,
 }
 
 

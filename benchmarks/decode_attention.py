@@ -1,0 +1,136 @@
+"""Decode attention over real tokens (``option.cpu_attention``) vs torch's SDPA, side by side.
+
+Two measurements, each alternated round by round in one process so the shared box's drift hits
+both alike:
+
+1. the attention op alone: 30 layers of one decode step (32 rows, SmolLM2-135M's 9 query / 3
+   key-value heads of 64, a left-padded cache of ``--width`` columns whose rows hold 16..width real
+   tokens, keys/values as views into a larger slab like the engine's), SDPA with the padding mask
+   vs the kernel;
+2. whole decode steps of the HF engine on the embedded SmolLM2-135M after the 32 prompts of the
+   mixed workload are prefilled (the batch's real width and padding), with the model's attention
+   switched between SDPA and the kernel every few steps.
+
+    python -m benchmarks.decode_attention [--dtype fp32,bf16] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+from benchmarks.common import DOCS, rnd, setup_torch
+
+
+def _best(times: list[float]) -> float:
+    return min(times) * 1e3
+
+
+def op_alone(dtype: Any, width: int, rounds: int) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    from djl_handlers.kernels.decode_attention import decode_attention
+
+    torch.manual_seed(0)
+    rows, heads, kv_heads, dim, layers = 32, 9, 3, 64, 30
+    lengths = torch.randint(16, width + 1, (rows,))
+    lengths[0] = width
+    starts = (width - lengths).to(torch.int64)
+    mask = (torch.arange(width)[None, :] >= starts[:, None]).view(rows, 1, 1, width)
+    cache = [(torch.randn(rows + 8, kv_heads, width + 128, dim, dtype=dtype)[:rows, :, 64 : 64 + width],
+              torch.randn(rows + 8, kv_heads, width + 128, dim, dtype=dtype)[:rows, :, 64 : 64 + width])
+             for _ in range(layers)]
+    query = torch.randn(rows, 1, heads, dim, dtype=dtype).transpose(1, 2)  # [B, H, 1, D] as HF passes it
+
+    def sdpa() -> None:
+        packed = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+        for k, v in cache:
+            F.scaled_dot_product_attention(packed, k, v, attn_mask=mask, scale=dim**-0.5)
+
+    def kernel() -> None:
+        for k, v in cache:
+            decode_attention(query[:, :, 0], k, v, starts, dim**-0.5)
+
+    times: dict[str, list[float]] = {"sdpa": [], "kernel": []}
+    kernel()
+    sdpa()
+    for _ in range(rounds):
+        for name, fn in (("sdpa", sdpa), ("kernel", kernel)):
+            t0 = time.perf_counter()
+            for _ in range(5):
+                fn()
+            times[name].append((time.perf_counter() - t0) / 5)
+    real = float(lengths.sum()) / (rows * width)
+    return {"rows": rows, "width": width, "real_fraction": rnd(real), "sdpa_ms": rnd(_best(times["sdpa"]), 1),
+            "kernel_ms": rnd(_best(times["kernel"]), 1),
+            "speedup": rnd(_best(times["sdpa"]) / _best(times["kernel"]))}
+
+
+def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.workload import mixed_workload
+    from djl_handlers.engines import hf_ragged_attn
+    from djl_handlers.engines.base import EngineRequest
+    from djl_handlers.engines.hf_cpu_linear import prepack_linears
+    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.model.embedded import embedded_model_dir
+    from djl_handlers.params.generation import GenerationParameters
+
+    folder = str(embedded_model_dir())
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    prepack_linears(model)
+    engine = HFEngine(model, tok, max_batch_size=32, max_prefill_tokens=512)
+    for i, job in enumerate(mixed_workload(tok, n=32)):
+        engine.add_request(EngineRequest(i, tok.encode(job.prompt), GenerationParameters(max_new_tokens=1000)))
+    while engine._queue or engine._partial is not None:
+        engine.step()
+    batch = engine._batch
+    assert batch is not None
+    shape = {"rows": len(batch.rows), "width": batch.width, "real_fraction": rnd(float(batch.mask.float().mean()))}
+    times: dict[str, list[float]] = {"sdpa": [], "kernel": []}
+    for _ in range(rounds):
+        for name in ("sdpa", "kernel"):
+            hf_ragged_attn.disable(model)
+            if name == "kernel" and not hf_ragged_attn.enable(model):
+                raise SystemExit("the decode attention kernel cannot be built here")
+            engine.step()  # one untimed step after the switch
+            t0 = time.perf_counter()
+            for _ in range(4):
+                engine.step()
+            times[name].append((time.perf_counter() - t0) / 4)
+    return {**shape, "steps_per_round": 4, "sdpa_ms": rnd(_best(times["sdpa"]), 1),
+            "kernel_ms": rnd(_best(times["kernel"]), 1), "speedup": rnd(_best(times["sdpa"]) / _best(times["kernel"]))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dtype", default="fp32,bf16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--width", type=int, default=465, help="padded width of the op-alone cache")
+    parser.add_argument("--out", default=str(DOCS / "benchmarks-decode-attention.json"))
+    args = parser.parse_args(argv)
+    setup_torch()
+    report: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "threads": torch.get_num_threads(), "runs": {}}
+    for name in args.dtype.split(","):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+        with torch.inference_mode():
+            run = {"op_alone": op_alone(dtype, args.width, args.rounds),
+                   "engine_decode_step": engine_steps(dtype, args.rounds)}
+        report["runs"][name] = run
+        print(name, json.dumps(run), flush=True)
+    report["load_avg_end"] = os.getloadavg()[0]
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(report, indent=1) + "\n")
+    print("wrote", args.out)
+
+
+if __name__ == "__main__":
+    main()
