@@ -36,22 +36,30 @@ def _sdpa(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
     return sdpa_attention_forward(*args, **kwargs)
 
 
-def starts_from_mask(mask: torch.Tensor | None, rows: int, width: int) -> torch.Tensor | None:
-    """Each row's first real column when ``mask`` ([rows, 1, 1, width] bool, True = attend) is
-    "padding then tokens" in every row (zeros when there is no mask); None otherwise."""
+def starts_from_mask(mask: torch.Tensor | None, rows: int, width: int, queries: int = 1) -> torch.Tensor | None:
+    """Each row's first real column when ``mask`` ([rows, 1, queries, width] bool, True = attend) is
+    "padding, then causal over the tokens" for the last ``queries`` columns (a query in the padding
+    may see anything: SDPA's mask builder unmasks such rows to avoid NaNs); zeros when there is no
+    mask; None when the mask is anything else."""
     if mask is None:
         return torch.zeros(rows, dtype=torch.int64)
-    if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (rows, 1, 1, width):
+    if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (rows, 1, queries, width):
         return None
     global _last
     cached = _last
     if cached is not None and cached[0]() is mask:  # a later layer of the same forward
         return cached[1]
-    flat = mask.view(rows, width)
+    flat = mask[:, 0, -1]  # the last query sees every real column of its row
     count = flat.sum(dim=1)
     tail: torch.Tensor = width - count  # where the row's tokens would start if they are contiguous
     first = flat.int().argmax(dim=1)  # first True (0 for a row of all False)
     ragged = not bool((count == 0).any()) and torch.equal(first, tail)
+    if ragged and queries > 1:
+        columns = torch.arange(width, device=mask.device)
+        position = columns[width - queries :].view(1, queries, 1)  # each query's own column
+        padding = position < tail.view(rows, 1, 1)  # queries left of the row's first token
+        expected = (columns >= tail.view(rows, 1, 1)) & (columns <= position)
+        ragged = torch.equal(mask[:, 0] | padding, expected | padding)
     starts = tail if ragged else None
     _last = (weakref.ref(mask), starts)
     return starts
@@ -68,22 +76,24 @@ def ragged_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: ``query`` [B, H, q, D], ``key``/``value``
-    [B, H_kv, T, D] → ([B, q, H, D], None)."""
+    [B, H_kv, T, D] → ([B, q, H, D], None). Prompts (q > 1) run causal over the row's tokens, which
+    needs the layer to be causal (``is_causal``) and, without a mask, means no padding."""
     rows, heads, q_len, dim = query.shape
+    causal = q_len == 1 or (kwargs.get("is_causal") is not False and getattr(module, "is_causal", True))
     if (
-        q_len == 1
+        causal
         and query.device.type == "cpu"
         and dropout == 0.0
         and not any(kwargs.get(name) is not None for name in _FALLBACK_KWARGS)
     ):
-        starts = starts_from_mask(attention_mask, rows, key.shape[2])
+        starts = starts_from_mask(attention_mask, rows, key.shape[2], q_len)
         if starts is not None:
-            from djl_handlers.kernels.decode_attention import decode_attention
+            from djl_handlers.kernels.decode_attention import attention
 
             scale = scaling if scaling is not None else dim**-0.5
-            out = decode_attention(query[:, :, 0], key, value, starts, scale)
+            out = attention(query, key, value, starts, scale)
             if out is not None:
-                return out.unsqueeze(1), None
+                return out, None
     return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 

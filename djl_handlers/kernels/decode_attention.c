@@ -35,22 +35,23 @@ static inline uint16_t f32_to_bf16(float f) {
 
 typedef struct {
     int64_t rows, heads, kv_heads, dim, width;
-    int64_t q_row, q_head;            /* query [rows, heads, dim] strides (elements) */
+    int64_t q_row, q_head;            /* query [rows, heads, queries, dim] strides (elements) */
     int64_t k_row, k_head, k_col;     /* key view strides */
     int64_t v_row, v_head, v_col;     /* value view strides */
+    int64_t queries, q_tok;           /* query tokens per row (1 for a decode step), their stride */
     float scale;
     int threads;
 } attn_shape;
 
 /* One task: row b, kv head g, fp32 storage. */
 static void task_f32(const attn_shape *s, const float *q, const float *k, const float *v,
-                     int64_t start, float *out, int64_t b, int64_t g, float *scores) {
-    const int64_t d = s->dim, rep = s->heads / s->kv_heads, n = s->width - start;
+                     int64_t start, float *out, int64_t b, int64_t g, int64_t i, float *scores) {
+    const int64_t d = s->dim, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
     float qs[MAX_REP][MAX_DIM];
     float acc[MAX_REP][MAX_DIM];
     float mx[MAX_REP], sum[MAX_REP];
     for (int64_t r = 0; r < rep; r++) {
-        const float *qr = q + b * s->q_row + (g * rep + r) * s->q_head;
+        const float *qr = q + b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok;
         for (int64_t i = 0; i < d; i++) qs[r][i] = qr[i] * s->scale;
     }
     const float *kb = k + b * s->k_row + g * s->k_head + start * s->k_col;
@@ -87,7 +88,7 @@ static void task_f32(const attn_shape *s, const float *q, const float *k, const 
         }
     }
     for (int64_t r = 0; r < rep; r++) {
-        float *o = out + (b * s->heads + g * rep + r) * d;
+        float *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d;
         const float inv = 1.f / sum[r];
         for (int64_t i = 0; i < d; i++) o[i] = acc[r][i] * inv;
     }
@@ -96,14 +97,14 @@ static void task_f32(const attn_shape *s, const float *q, const float *k, const 
 
 /* One task, bf16 storage (fp32 arithmetic). */
 static void task_bf16(const attn_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                      int64_t start, uint16_t *out, int64_t b, int64_t g, float *scores) {
-    const int64_t d = s->dim, rep = s->heads / s->kv_heads, n = s->width - start;
+                      int64_t start, uint16_t *out, int64_t b, int64_t g, int64_t i, float *scores) {
+    const int64_t d = s->dim, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
     float qs[MAX_REP][MAX_DIM];
     float acc[MAX_REP][MAX_DIM];
     float sum[MAX_REP];
     float row[MAX_DIM];
     for (int64_t r = 0; r < rep; r++) {
-        const uint16_t *qr = q + b * s->q_row + (g * rep + r) * s->q_head;
+        const uint16_t *qr = q + b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok;
         for (int64_t i = 0; i < d; i++) qs[r][i] = bf16_to_f32(qr[i]) * s->scale;
     }
     const uint16_t *kb = k + b * s->k_row + g * s->k_head + start * s->k_col;
@@ -143,7 +144,7 @@ static void task_bf16(const attn_shape *s, const uint16_t *q, const uint16_t *k,
         }
     }
     for (int64_t r = 0; r < rep; r++) {
-        uint16_t *o = out + (b * s->heads + g * rep + r) * d;
+        uint16_t *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d;
         const float inv = 1.f / sum[r];
         for (int64_t i = 0; i < d; i++) o[i] = f32_to_bf16(acc[r][i] * inv);
     }
@@ -192,8 +193,8 @@ static inline void store_out(void *p, int is_bf16, __m512 x) {
 
 static inline __attribute__((always_inline)) void task_avx512(
     const attn_shape *s, int is_bf16, const char *q, const char *k, const char *v, int64_t start, char *out,
-    int64_t b, int64_t g, float *scores, float *buf, const int nv) {
-    const int64_t d = (int64_t)nv * 16, rep = s->heads / s->kv_heads, n = s->width - start;
+    int64_t b, int64_t g, int64_t i, float *scores, float *buf, const int nv) {
+    const int64_t d = (int64_t)nv * 16, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
     const int64_t esz = is_bf16 ? 2 : 4;
     const __m512 scale = _mm512_set1_ps(s->scale);
     const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * esz;
@@ -217,7 +218,7 @@ static inline __attribute__((always_inline)) void task_avx512(
             }
         }
         for (int64_t r = 0; r < rep; r++) {
-            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head) * esz;
+            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * esz;
             __m512 qv[16];
             for (int c = 0; c < nv; c++) qv[c] = load_f32(qr + 16 * c * esz, is_bf16);
             __m512 acc[KEYS];
@@ -272,41 +273,49 @@ static inline __attribute__((always_inline)) void task_avx512(
     }
     for (int64_t r = 0; r < rep; r++) {
         const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
-        char *o = out + (b * s->heads + g * rep + r) * d * esz;
+        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * esz;
         for (int c = 0; c < nv; c++) store_out(o + 16 * c * esz, is_bf16, _mm512_mul_ps(acc[r][c], inv));
     }
 }
 
 /* Specialised copies (the head dim fixed at compile time keeps the accumulators in registers). */
 static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
-                       int64_t start, void *out, int64_t b, int64_t g, float *scores, float *buf) {
+                       int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
     switch (s->dim) {
-    case 64: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 4); return 1;
-    case 128: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 8); return 1;
-    case 32: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 2); return 1;
-    case 80: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 5); return 1;
-    case 96: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 6); return 1;
-    case 256: task_avx512(s, is_bf16, q, k, v, start, out, b, g, scores, buf, 16); return 1;
+    case 64: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 4); return 1;
+    case 128: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 8); return 1;
+    case 32: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 2); return 1;
+    case 80: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 5); return 1;
+    case 96: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 6); return 1;
+    case 256: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 16); return 1;
     default: return 0;
     }
 }
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
 #else
 static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
-                       int64_t start, void *out, int64_t b, int64_t g, float *scores, float *buf) {
-    (void)s; (void)is_bf16; (void)q; (void)k; (void)v; (void)start; (void)out; (void)b; (void)g; (void)scores;
+                       int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
+    (void)s; (void)is_bf16; (void)q; (void)k; (void)v; (void)start; (void)out; (void)b; (void)g; (void)i;
+    (void)scores;
     (void)buf;
     return 0;
 }
 #define VECTOR_BUF(d) ((size_t)1)
 #endif
 
-/* Returns 0, or -1 when the shape is outside the kernel's limits (the caller falls back). */
+/* Query chunk of one task: a prefill's queries are split so that both threads get work. */
+#define QUERY_CHUNK 16
+
+/* Returns 0, or -1 when the shape is outside the kernel's limits (the caller falls back).
+ * Query i of row b sits at column width - queries + i and attends to columns [starts[b], that
+ * column] (causal); a query left of starts[b] (left padding) gets zeros. */
 int djl_decode_attention(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
                          const int64_t *starts, void *out) {
     if (s->dim > MAX_DIM || s->kv_heads <= 0 || s->heads % s->kv_heads || s->heads / s->kv_heads > MAX_REP)
         return -1;
-    const int64_t rep = s->heads / s->kv_heads, tasks = s->rows * s->kv_heads;
+    if (s->queries < 1 || s->queries > s->width) return -1;
+    const int64_t rep = s->heads / s->kv_heads, chunks = (s->queries + QUERY_CHUNK - 1) / QUERY_CHUNK;
+    const int64_t tasks = s->rows * s->kv_heads * chunks, esz = is_bf16 ? 2 : 4;
     for (int64_t b = 0; b < s->rows; b++)
         if (starts[b] < 0 || starts[b] >= s->width) return -1;
     int failed = 0;
@@ -318,13 +327,22 @@ int djl_decode_attention(const attn_shape *s, int is_bf16, const void *q, const 
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             if (!scores || !buf) continue; /* every thread still takes part in the loop */
-            const int64_t b = task / s->kv_heads, g = task % s->kv_heads;
-            if (task_vector(s, is_bf16, q, k, v, starts[b], out, b, g, scores, buf))
-                continue;
-            if (is_bf16)
-                task_bf16(s, q, k, v, starts[b], out, b, g, scores);
-            else
-                task_f32(s, q, k, v, starts[b], out, b, g, scores);
+            const int64_t b = task / (s->kv_heads * chunks), g = (task / chunks) % s->kv_heads;
+            const int64_t first = (task % chunks) * QUERY_CHUNK;
+            const int64_t last = first + QUERY_CHUNK < s->queries ? first + QUERY_CHUNK : s->queries;
+            for (int64_t i = first; i < last; i++) {
+                if (s->width - s->queries + i < starts[b]) { /* a padding query: nothing to attend to */
+                    char *o = (char *)out + ((b * s->queries + i) * s->heads + g * rep) * s->dim * esz;
+                    memset(o, 0, (size_t)(rep * s->dim * esz));
+                    continue;
+                }
+                if (task_vector(s, is_bf16, q, k, v, starts[b], out, b, g, i, scores, buf))
+                    continue;
+                if (is_bf16)
+                    task_bf16(s, q, k, v, starts[b], out, b, g, i, scores);
+                else
+                    task_f32(s, q, k, v, starts[b], out, b, g, i, scores);
+            }
         }
         free(scores);
         free(buf);

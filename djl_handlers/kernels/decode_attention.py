@@ -24,7 +24,8 @@ DTYPES = (torch.float32, torch.bfloat16)
 class _Shape(ctypes.Structure):
     _fields_ = [  # noqa: RUF012 (ctypes reads it as a class attribute)
         *((name, ctypes.c_int64) for name in ("rows", "heads", "kv_heads", "dim", "width", "q_row", "q_head",
-                                              "k_row", "k_head", "k_col", "v_row", "v_head", "v_col")),
+                                              "k_row", "k_head", "k_col", "v_row", "v_head", "v_col", "queries",
+                                              "q_tok")),
         ("scale", ctypes.c_float),
         ("threads", ctypes.c_int),
     ]
@@ -63,12 +64,27 @@ def decode_attention(
     """``query`` [B, H, D], ``key``/``value`` [B, H_kv, T, D] (any strides, last one 1), ``starts``
     [B] int64: row ``b`` attends to columns ``[starts[b], T)``. Returns [B, H, D] contiguous, or
     None when the inputs are outside what the kernel handles (or it is unavailable)."""
+    if query.dim() != 3:
+        return None
+    out = attention(query.unsqueeze(2), key, value, starts, scale)
+    return None if out is None else out.view(query.shape[0], query.shape[1], value.shape[-1])
+
+
+def attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor, scale: float
+) -> torch.Tensor | None:
+    """Causal attention of the last ``Q`` columns over a left-padded cache. ``query`` [B, H, Q, D],
+    ``key``/``value`` [B, H_kv, T, D] (any strides, last one 1; the queries are columns
+    ``T - Q .. T - 1``), ``starts`` [B] int64: row ``b``'s tokens are columns ``[starts[b], T)``.
+    Query ``i`` attends to columns ``[starts[b], T - Q + i]``; a query left of ``starts[b]`` (padding)
+    gets zeros. Returns [B, Q, H, D] contiguous (transformers' attention output layout), or None when
+    the inputs are outside what the kernel handles (or it is unavailable)."""
     fn = library()
     if fn is None or not _supported(query, key, value, starts):
         return None
-    rows, heads, dim = query.shape
+    rows, heads, queries, dim = query.shape
     kv_heads, width = key.shape[1], key.shape[2]
-    out = query.new_empty((rows, heads, value.shape[-1]))
+    out = query.new_empty((rows, queries, heads, value.shape[-1]))
     if rows == 0:
         return out
     shape = _Shape(
@@ -76,6 +92,7 @@ def decode_attention(
         query.stride(0), query.stride(1),
         key.stride(0), key.stride(1), key.stride(2),
         value.stride(0), value.stride(1), value.stride(2),
+        queries, query.stride(2),
         float(scale), max(1, torch.get_num_threads()),
     )
     starts = starts.contiguous()
@@ -88,10 +105,10 @@ def _supported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, star
     tensors = (query, key, value)
     if any(t.device.type != "cpu" or t.dtype != query.dtype for t in tensors) or query.dtype not in DTYPES:
         return False
-    if query.dim() != 3 or key.dim() != 4 or value.shape != key.shape or any(t.stride(-1) != 1 for t in tensors):
+    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape or any(t.stride(-1) != 1 for t in tensors):
         return False
-    rows, heads, dim = query.shape
-    kv_heads = key.shape[1]
-    if key.shape[0] != rows or key.shape[3] != dim or kv_heads == 0 or heads % kv_heads:
+    rows, heads, queries, dim = query.shape
+    kv_heads, width = key.shape[1], key.shape[2]
+    if key.shape[0] != rows or key.shape[3] != dim or kv_heads == 0 or heads % kv_heads or not 0 < queries <= width:
         return False
     return starts.dtype == torch.int64 and starts.device.type == "cpu" and tuple(starts.shape) == (rows,)

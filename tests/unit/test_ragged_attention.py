@@ -316,21 +316,21 @@ def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
     prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x",
                                        "One two three four five six seven eight nine ten eleven twelve")]
     news = [7, 5, 9, 6]
-    kernel_rows: list[int] = []
+    kernel_calls: list[tuple[int, int]] = []  # (rows, queries) of every kernel call
     fallback_queries: list[int] = []
-    real_kernel, real_sdpa = kernel.decode_attention, hf_ragged_attn._sdpa
+    real_kernel, real_sdpa = kernel.attention, hf_ragged_attn._sdpa
 
     def counting_kernel(query: Tensor, *args: Any) -> Tensor | None:
         out = real_kernel(query, *args)
-        assert out is not None, "the kernel refused a decode step of a real model"
-        kernel_rows.append(query.shape[0])
+        assert out is not None, "the kernel refused a step of a real model"
+        kernel_calls.append((query.shape[0], query.shape[2]))
         return out
 
     def counting_sdpa(module: Any, query: Tensor, *args: Any, **kwargs: Any) -> Any:
         fallback_queries.append(query.shape[2])
         return real_sdpa(module, query, *args, **kwargs)
 
-    monkeypatch.setattr(kernel, "decode_attention", counting_kernel)
+    monkeypatch.setattr(kernel, "attention", counting_kernel)
     monkeypatch.setattr(hf_ragged_attn, "_sdpa", counting_sdpa)
     assert model.config._attn_implementation == "sdpa"
     assert prepack_linears(model) > 0
@@ -338,21 +338,19 @@ def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
         assert enable(model) and model.config._attn_implementation == ATTN_NAME
         got = _run_engine(model, tok, prompts, news)
         layers = model.config.num_hidden_layers
-        assert max(kernel_rows) > 1, "the engine's batched decode steps did not reach the kernel"
-        assert fallback_queries and min(fallback_queries) > 1, "only prompts may go to sdpa"
-        engine_calls = len(kernel_rows)
+        assert max(r for r, q in kernel_calls if q == 1) > 1, "batched decode steps did not reach the kernel"
+        assert max(q for _, q in kernel_calls) > 1, "prompts did not reach the kernel"
+        assert not fallback_queries, "every step of a plain causal model goes to the kernel"
+        engine_calls = len(kernel_calls)
         assert engine_calls % layers == 0
         alone = _generate(model, prompts, news)
-        # every decode step, and the prompt of one token ("x") too
-        one_token_prompts = sum(len(ids) == 1 for ids in prompts)
-        assert one_token_prompts == 1
-        assert len(kernel_rows) - engine_calls == layers * (sum(n - 1 for n in news) + one_token_prompts)
-        assert min(fallback_queries) > 1
+        # generate() alone: one prompt forward and n - 1 decode forwards per request, all in the kernel
+        assert len(kernel_calls) - engine_calls == layers * sum(news)
         disable(model)
         assert model.config._attn_implementation == "sdpa"
-        calls = len(kernel_rows)
+        calls = len(kernel_calls)
         stock = _generate(model, prompts, news)
-        assert len(kernel_rows) == calls  # stock SDPA does not come here at all
+        assert len(kernel_calls) == calls  # stock SDPA does not come here at all
     finally:
         disable(model)
         unpack_linears(model)
@@ -370,13 +368,13 @@ def test_bf16_engine_with_ragged_attention_equals_generate_alone(tiny_dir: Path,
     tok = AutoTokenizer.from_pretrained(str(tiny_dir))
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.bfloat16).eval()
     dtypes: list[Any] = []
-    real_kernel = kernel.decode_attention
+    real_kernel = kernel.attention
 
     def recording_kernel(query: Tensor, *args: Any) -> Tensor | None:
         dtypes.append(query.dtype)
         return real_kernel(query, *args)
 
-    monkeypatch.setattr(kernel, "decode_attention", recording_kernel)
+    monkeypatch.setattr(kernel, "attention", recording_kernel)
     prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x", "One two three")]
     news = [6, 4, 8, 5]
     assert enable(model)
@@ -553,3 +551,91 @@ def test_loading_the_library_leaves_subnormal_floats_alone(monkeypatch: pytest.M
     tiny = torch.tensor([1e-38], dtype=torch.float32)
     assert (tiny / 1000).item() > 0 and (tiny * 1e-3).item() > 0
     assert float(np.float32(1e-38) / np.float32(1000)) > 0
+
+
+# ---------------------------------------------------------------- prompts: causal over the last Q columns
+def _causal_reference(query: Tensor, key: Tensor, value: Tensor, starts: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """fp64 SDPA with the causal + padding mask; returns ([B, Q, H, D], [B, Q] bool: query is a real token)."""
+    rows, heads, queries, _ = query.shape
+    width = key.shape[2]
+    columns = torch.arange(width)
+    position = width - queries + torch.arange(queries)
+    mask = (columns[None, None, :] >= starts[:, None, None]) & (columns[None, None, :] <= position[None, :, None])
+    group = heads // key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double().repeat_interleave(group, 1), value.double().repeat_interleave(group, 1),
+        attn_mask=mask[:, None], scale=scale)
+    return out.transpose(1, 2), position[None, :] >= starts[:, None]
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 64), (8, 2, 128), (6, 2, 48)])
+@pytest.mark.parametrize(("rows", "queries", "width"), [(1, 5, 5), (3, 17, 17), (2, 40, 60), (2, 33, 33)])
+def test_prompt_attention_is_causal_over_each_rows_tokens(dtype: Any, heads: int, kv_heads: int, dim: int,
+                                                          rows: int, queries: int, width: int) -> None:
+    torch.manual_seed(rows * 100 + queries)
+    query = torch.randn(rows, queries, heads, dim, dtype=dtype).transpose(1, 2)  # HF's [B, H, Q, D] view
+    key = torch.randn(rows + 2, kv_heads, width + 20, dim, dtype=dtype)[1 : rows + 1, :, 10 : 10 + width]
+    value = torch.randn(rows + 2, kv_heads, width + 20, dim, dtype=dtype)[1 : rows + 1, :, 10 : 10 + width]
+    starts = torch.randint(0, width, (rows,))
+    starts[0] = 0
+    got = kernel.attention(query, key, value, starts, dim**-0.5)
+    assert got is not None and got.shape == (rows, queries, heads, dim) and got.is_contiguous()
+    expected, real = _causal_reference(query, key, value, starts, dim**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (got.double() - expected)[real].abs().max().item() <= tol
+    assert bool((got[~real] == 0).all()), "a padding query gets zeros"
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_gets_the_same_bits_alone_and_padded_in_a_group(dtype: Any) -> None:
+    """The exactness the engine relies on for prompts: a padded prefill group == each prompt alone."""
+    torch.manual_seed(3)
+    query, key, value = (torch.randn(3, h, 40, 64, dtype=dtype) for h in (9, 3, 3))
+    starts = torch.tensor([0, 10, 25])
+    whole = kernel.attention(query, key, value, starts, 0.125)
+    assert whole is not None
+    for b in range(3):
+        s = int(starts[b])
+        alone = kernel.attention(query[b : b + 1, :, s:].clone(), key[b : b + 1, :, s:].clone(),
+                                 value[b : b + 1, :, s:].clone(), torch.zeros(1, dtype=torch.int64), 0.125)
+        assert alone is not None and torch.equal(whole[b, s:], alone[0])
+    # a later chunk of a prompt (queries are the last columns of a longer cache) == the same queries in one go
+    chunk = kernel.attention(query[:1, :, 30:], key[:1], value[:1], torch.zeros(1, dtype=torch.int64), 0.125)
+    assert chunk is not None and torch.equal(chunk[0], whole[0, 30:])
+
+
+@needs_kernel
+def test_prompt_masks_are_recognised_or_refused() -> None:
+    rows, queries, width = 2, 4, 7
+    columns = torch.arange(width)
+    position = (width - queries + torch.arange(queries)).view(1, queries, 1)
+    starts = torch.tensor([0, 5])
+    mask = (columns >= starts.view(2, 1, 1)) & (columns <= position)
+    # SDPA's builder unmasks the fully masked rows of padding queries: still recognised
+    unmasked = mask | ~mask.any(dim=-1, keepdim=True)
+    for m in (mask, unmasked):
+        got = hf_ragged_attn.starts_from_mask(m.unsqueeze(1).clone(), rows, width, queries)
+        assert got is not None and got.tolist() == [0, 5]
+    not_causal = mask.clone()
+    not_causal[0, 0, 6] = True  # the first query sees a later column
+    assert hf_ragged_attn.starts_from_mask(not_causal.unsqueeze(1), rows, width, queries) is None
+    assert hf_ragged_attn.starts_from_mask(mask.unsqueeze(1), rows, width, queries + 1) is None  # wrong shape
+
+
+@needs_kernel
+def test_a_non_causal_layer_goes_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(hf_ragged_attn, "_sdpa", lambda module, query, *a, **k: (calls.append(query.shape[2]), None))
+
+    class Bidirectional:
+        is_causal = False
+
+    query, key, value = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
+    hf_ragged_attn.ragged_attention(Bidirectional(), query, key, value, None)
+    hf_ragged_attn.ragged_attention(object(), query, key, value, None, is_causal=False)
+    assert calls == [3, 3]
+    out, _ = hf_ragged_attn.ragged_attention(object(), query, key, value, None)  # causal by default
+    assert out is not None and out.shape == (1, 3, 4, 16)
