@@ -41,7 +41,7 @@ class FusedRMSNorm:
 
     def __init__(self, module: torch.nn.Module, original: Callable[..., Any], eps: float,
                  previous: Any = None) -> None:
-        self.module = module
+        self.module: Any = module
         self.original = original
         self.eps = eps
         self.previous = previous  # the instance's own ``forward`` before fusing (None: the class's)
