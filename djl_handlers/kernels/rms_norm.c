@@ -117,7 +117,8 @@ int djl_rms_norm(const void *x, const void *weight, void *out, int64_t rows, int
     if (rows < 0 || hidden <= 0 || (lanes != 1 && lanes != 4 && lanes != 8 && lanes != 16)) return -1;
     if (threads < 1) threads = 1;
     int failed = 0;
-    const int parallel = threads > 1 && rows > 1 && rows * hidden >= 8192;
+    /* a parallel region costs microseconds: only worth it for prefill-sized calls */
+    const int parallel = threads > 1 && rows > 1 && rows * hidden >= 65536;
 #pragma omp parallel num_threads(threads) if (parallel) reduction(| : failed)
     {
         float *buf = is_bf16 ? malloc(sizeof(float) * (size_t)hidden) : NULL;
