@@ -53,49 +53,45 @@ static inline int64_t ceil_log2(int64_t x) {
     return bits;
 }
 
-/* Add the squares of ILP consecutive vectors (ILP * L floats from p) into acc[k][l]. */
-#define ADD_BLOCK(acc, p, L)                                   \
-    for (int k_ = 0; k_ < ILP; k_++)                           \
-        for (int l_ = 0; l_ < (L); l_++) {                     \
-            const float v_ = (p)[k_ * (L) + l_];               \
-            (acc)[k_][l_] += v_ * v_;                          \
-        }
-
 /* The sum of squares of x[0..n) in ATen's order with L lanes (L: a compile-time constant at each
- * call site, so the lane loops vectorize). */
+ * call site, so the loops below have constant trip counts and vectorize). acc[level] holds the
+ * ILP partial vectors of one level side by side: element k * L + l is lane l of vector k, so a
+ * block of ILP consecutive input vectors maps one-to-one onto it. */
 static inline __attribute__((always_inline)) float sum_squares(const float *x, int64_t n, const int L) {
+    const int W = ILP * L;
     const int64_t nvec = n / L, nilp = nvec / ILP;
     const int64_t power = ceil_log2(nilp) / LEVELS > 4 ? ceil_log2(nilp) / LEVELS : 4;
     const int64_t step = (int64_t)1 << power, mask = step - 1;
-    float acc[LEVELS][ILP][MAX_LANES];
+    float acc[LEVELS][ILP * MAX_LANES];
     memset(acc, 0, sizeof acc);
     int64_t i = 0;
     while (i + step <= nilp) {
-        for (int64_t j = 0; j < step; j++, i++) ADD_BLOCK(acc[0], x + i * ILP * L, L);
+        for (int64_t j = 0; j < step; j++, i++) {
+            const float *p = x + i * W;
+            for (int t = 0; t < W; t++) acc[0][t] += p[t] * p[t];
+        }
         for (int lev = 1; lev < LEVELS; lev++) {
-            for (int k = 0; k < ILP; k++)
-                for (int l = 0; l < L; l++) {
-                    acc[lev][k][l] += acc[lev - 1][k][l];
-                    acc[lev - 1][k][l] = 0.f;
-                }
+            for (int t = 0; t < W; t++) {
+                acc[lev][t] += acc[lev - 1][t];
+                acc[lev - 1][t] = 0.f;
+            }
             if (i & (mask << (lev * power))) break;
         }
     }
-    for (; i < nilp; i++) ADD_BLOCK(acc[0], x + i * ILP * L, L);
+    for (; i < nilp; i++) {
+        const float *p = x + i * W;
+        for (int t = 0; t < W; t++) acc[0][t] += p[t] * p[t];
+    }
     for (int lev = 1; lev < LEVELS; lev++)
-        for (int k = 0; k < ILP; k++)
-            for (int l = 0; l < L; l++) acc[0][k][l] += acc[lev][k][l];
-    /* vectors left over after the groups of ILP go into the first partial sum */
+        for (int t = 0; t < W; t++) acc[0][t] += acc[lev][t];
+    /* vectors left over after the groups of ILP go into the first partial vector */
     for (int64_t v = nilp * ILP; v < nvec; v++)
-        for (int l = 0; l < L; l++) {
-            const float s = x[v * L + l];
-            acc[0][0][l] += s * s;
-        }
+        for (int l = 0; l < L; l++) acc[0][l] += x[v * L + l] * x[v * L + l];
     for (int k = 1; k < ILP; k++)
-        for (int l = 0; l < L; l++) acc[0][0][l] += acc[0][k][l];
+        for (int l = 0; l < L; l++) acc[0][l] += acc[0][k * L + l];
     float total = 0.f;
     for (int64_t t = nvec * L; t < n; t++) total += x[t] * x[t];
-    for (int l = 0; l < L; l++) total += acc[0][0][l];
+    for (int l = 0; l < L; l++) total += acc[0][l];
     return total;
 }
 
