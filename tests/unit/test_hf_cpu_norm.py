@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,8 @@ def test_shapes_and_strided_inputs() -> None:
     view = wide[:, 50:146]  # rows strided, last dim contiguous: copied first
     got = kernel.rms_norm(view, weight, 1e-6)
     assert got is not None and got.is_contiguous() and torch.equal(got, want)
+    transposed = kernel.rms_norm(x.t().contiguous().t(), weight, 1e-6)  # last dim not contiguous: copied
+    assert transposed is not None and torch.equal(transposed, want)
     empty = kernel.rms_norm(torch.empty(0, 96), weight, 1e-6)
     assert empty is not None and empty.shape == (0, 96)
 
@@ -140,9 +143,30 @@ def test_inputs_outside_the_kernel_are_refused() -> None:
         assert kernel.rms_norm(x, weight, 1e-6) is not None
 
 
-def test_the_kernel_is_built_without_fast_math() -> None:
-    """-ffast-math would let the compiler reorder the sums and use rsqrt approximations."""
-    assert "-fno-fast-math" in kernel.FLAGS and "-ffp-contract=off" in kernel.FLAGS
+@needs_kernel
+def test_the_kernel_is_built_without_fast_math(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """-ffast-math would let the compiler reorder the sums and use rsqrt approximations, and FMA
+    contraction would fuse x*x+acc: the kernel's own flags come after each flag set."""
+    commands: list[list[str]] = []
+    real_run = subprocess.run
+
+    def run(cmd: list[str], *args: Any, **kwargs: Any) -> Any:
+        commands.append(cmd)
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(build.subprocess, "run", run)
+    monkeypatch.setenv("DJL_HANDLERS_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_loaded", {})
+    monkeypatch.setattr(kernel, "_fn", None)
+    assert kernel.library() is not None
+    (compile_cmd,) = [c for c in commands if "-c" in c]
+    assert compile_cmd.index("-fno-fast-math") > compile_cmd.index("-ffast-math")
+    assert "-ffp-contract=off" in compile_cmd
+    (link_cmd,) = [c for c in commands if "-shared" in c]
+    assert "-ffast-math" not in link_cmd
+    x, weight = _inputs(5, 576, torch.float32)
+    got = kernel.rms_norm(x, weight, 1e-6)  # the freshly built library
+    assert got is not None and torch.equal(got, kernel.reference(x, weight, 1e-6))
 
 
 # ---------------------------------------------------------------------------------------------
