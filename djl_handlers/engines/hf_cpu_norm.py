@@ -103,11 +103,15 @@ def fuse_rms_norms(model: Any) -> int:
         return 0
     count = 0
     rejected: set[str] = set()
+    unsupported: set[str] = set()
     for name, module in model.named_modules():
         if not candidate(module) or isinstance(module.__dict__.get("forward"), FusedRMSNorm):
             continue
         eps = _eps(module)
         assert eps is not None  # candidate() checked it
+        if module.weight.device.type != "cpu" or module.weight.dtype not in kernel.DTYPES:
+            unsupported.add(f"{type(module).__name__} ({module.weight.dtype}, {module.weight.device.type})")
+            continue
         previous = module.__dict__.get("forward")
         original = module.forward
         if not matches(module, original, eps):
@@ -116,6 +120,9 @@ def fuse_rms_norms(model: Any) -> int:
             continue
         module.forward = FusedRMSNorm(module, original, eps, previous)
         count += 1
+    if unsupported:
+        LOG.info("option.cpu_norm: the kernel handles fp32/bf16 on the CPU; kept torch's forward for %s",
+                 ", ".join(sorted(unsupported)))
     if rejected:
         LOG.info("option.cpu_norm: kept torch's forward for %s (not Llama's RMSNorm formula)",
                  ", ".join(sorted(rejected)))

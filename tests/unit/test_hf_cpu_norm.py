@@ -226,6 +226,14 @@ def test_only_modules_with_llama_formula_are_fused(dtype: Any) -> None:
 
 
 @needs_kernel
+def test_fp16_norms_are_left_alone(caplog: pytest.LogCaptureFixture) -> None:
+    norm = LlamaRMSNorm(64).half()
+    with caplog.at_level(logging.INFO):
+        assert fuse_rms_norms(torch.nn.Sequential(norm)) == 0
+    assert "forward" not in norm.__dict__ and "LlamaRMSNorm (torch.float16, cpu)" in caplog.text
+
+
+@needs_kernel
 def test_the_real_gemma_norm_is_rejected() -> None:
     gemma = pytest.importorskip("transformers.models.gemma.modeling_gemma")
     norm = gemma.GemmaRMSNorm(64, eps=1e-6)
