@@ -145,9 +145,10 @@ class HFEngine:
         options, ``max_prefill_tokens``, ``torch_threads``, ``cpu_linear`` (``onednn``, the default:
         prepacked oneDNN linear layers on the CPU, :mod:`~djl_handlers.engines.hf_cpu_linear`; ``torch``),
         ``cpu_attention`` (``auto``, the default: decode attention over real tokens only,
-        :mod:`~djl_handlers.engines.hf_ragged_attn`, when its kernel builds; ``ragged``; ``sdpa``)
-        and ``hf_step`` (``padded``, the default: this class's step; ``packed``:
-        :mod:`~djl_handlers.engines.hf_packed`).
+        :mod:`~djl_handlers.engines.hf_ragged_attn`, when its kernel builds; ``ragged``; ``sdpa``),
+        ``cpu_norm`` (``fused``, the default: one-pass RMSNorm on the CPU,
+        :mod:`~djl_handlers.engines.hf_cpu_norm`, when its kernel builds; ``torch``) and ``hf_step``
+        (``padded``, the default: this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`).
         """
         raw = config.raw
         device = config.device
@@ -172,6 +173,7 @@ class HFEngine:
             torch_threads=raw.get("torch_threads"),
             cpu_linear=raw.get("cpu_linear") or "onednn",
             cpu_attention=raw.get("cpu_attention") or "auto",
+            cpu_norm=raw.get("cpu_norm") or "fused",
             max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
             max_model_len=config.max_model_len,

@@ -40,6 +40,7 @@ class LoadOptions:
     # "ragged": decode attention over real tokens (hf_ragged_attn; an error if its kernel cannot be
     # built), "auto": ragged when it builds, else sdpa with a warning; "sdpa": torch's
     cpu_attention: str = "sdpa"
+    cpu_norm: str = "torch"  # "fused": one-pass RMSNorm kernel on the CPU (hf_cpu_norm), else torch's
 
     @classmethod
     def from_config(cls, config: Any = None, **overrides: Any) -> LoadOptions:
@@ -81,11 +82,16 @@ class LoadOptions:
         if cpu_attention not in ("auto", "ragged", "sdpa"):
             raise ConfigError(f"option.cpu_attention={self.cpu_attention!r} is not supported; use auto, ragged or sdpa",
                               field="option.cpu_attention")
+        cpu_norm = str(self.cpu_norm or "torch").strip().lower()
+        if cpu_norm not in ("fused", "torch"):
+            raise ConfigError(f"option.cpu_norm={self.cpu_norm!r} is not supported; use fused or torch",
+                              field="option.cpu_norm")
         return replace(
             self,
             model_id=str(self.model_id or ""),
             cpu_linear=cpu_linear,
             cpu_attention=cpu_attention,
+            cpu_norm=cpu_norm,
             dtype=dtype,
             trust_remote_code=_as_bool(self.trust_remote_code, "option.trust_remote_code"),
             torch_threads=threads,
@@ -182,6 +188,10 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
         from djl_handlers.engines.hf_cpu_linear import prepack_linears
 
         prepack_linears(model)
+    if opts.cpu_norm == "fused" and device == "cpu":
+        from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms
+
+        fuse_rms_norms(model)  # logs and keeps torch's when the kernel cannot be built
     if opts.cpu_attention != "sdpa" and device == "cpu":
         use_ragged_attention(model, required=opts.cpu_attention == "ragged")
     return model, tokenizer

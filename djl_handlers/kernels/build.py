@@ -80,13 +80,15 @@ def _version(cc: str) -> str:
         return ""
 
 
-def load(name: str) -> ctypes.CDLL | None:
+def load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library built from ``<name>.c`` (built now if needed), or None when it cannot be built;
-    :func:`error` then says why. Thread-safe; the result is remembered for the process."""
+    :func:`error` then says why. ``extra_flags`` go after each of :data:`FLAG_SETS` (a kernel that
+    needs IEEE arithmetic passes ``-fno-fast-math``, say); a kernel always passes the same ones.
+    Thread-safe; the result is remembered for the process."""
     with _lock:
         if name not in _loaded:
             try:
-                _loaded[name] = _build_and_load(name)
+                _loaded[name] = _build_and_load(name, extra_flags)
             except _BuildError as exc:
                 _loaded[name] = None
                 _errors[name] = str(exc)
@@ -103,7 +105,7 @@ class _BuildError(RuntimeError):
     pass
 
 
-def _build_and_load(name: str) -> ctypes.CDLL:
+def _build_and_load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     source = HERE / f"{name}.c"
     if not source.is_file():
         raise _BuildError(f"{source} is missing from the installed package")
@@ -113,7 +115,8 @@ def _build_and_load(name: str) -> ctypes.CDLL:
     text = source.read_bytes()
     version = _version(cc)
     problems = []
-    for flags, libs in zip(FLAG_SETS, LIBS, strict=True):
+    for base_flags, libs in zip(FLAG_SETS, LIBS, strict=True):
+        flags = base_flags + tuple(extra_flags)
         digest = hashlib.sha256(
             b"\0".join([text, " ".join(flags + LINK_FLAGS + libs).encode(), version.encode(),
                         _cpu_flags().encode()])

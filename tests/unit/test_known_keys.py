@@ -53,7 +53,7 @@ def test_keys_that_djl_or_we_read_are_not_warned_about() -> None:
     assert key_warnings({"enforce_eager": "true", "max_loras": "2"}, {}, "vllm") == []
 
 
-@pytest.mark.parametrize("key", ["cpu_attention", "cpu_linear", "hf_step"])
+@pytest.mark.parametrize("key", ["cpu_attention", "cpu_linear", "cpu_norm", "hf_step"])
 def test_huggingface_only_keys_are_known_there_and_named_elsewhere(key: str) -> None:
     assert key in engine_option_keys("huggingface") and key in known_option_keys("huggingface")
     assert key_warnings({key: "x"}, {}, "huggingface") == []
