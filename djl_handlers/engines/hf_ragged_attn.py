@@ -1,19 +1,21 @@
-"""Decode attention over real tokens only, for HF models on the CPU (``option.cpu_attention``).
+"""Attention over each row's real tokens only, for HF models on the CPU (``option.cpu_attention``).
 
 A decode step of the padded engine runs one query per row against a left-padded cache of width
 ``T``; torch's SDPA reads all ``T`` columns of every row, padding included (44 % of the cells on the
-benchmark workload), and its bf16 CPU path is slower than its fp32 one. The kernel in
-:mod:`djl_handlers.kernels.decode_attention` reads only each row's columns ``[start, T)``, reads a
-grouped key/value head once for all its query heads, and never depends on the other rows.
+benchmark workload), and its bf16 CPU path is slower than its fp32 one. A prefill group is padded
+to its longest prompt and needs SDPA's explicit-mask path (and a copy of the grouped key/value
+heads). The kernel in :mod:`djl_handlers.kernels.decode_attention` attends, for each query, to its
+row's columns ``[start, own column]`` only, reads a grouped key/value head once for all its query
+heads, and never depends on the other rows or on the padding: a request gets the same bits alone
+as in any batch or prefill group.
 
 Wiring: :func:`enable` registers :func:`ragged_attention` with transformers under
-:data:`ATTN_NAME` (with SDPA's own mask builder) and makes it the model's attention. Every call
-with one query token on the CPU derives the rows' starts from the boolean mask SDPA would have got
-(once per forward: all layers share the mask object) and runs the kernel; everything else
-(prompts, masks that are not "padding then tokens", soft-capping, attention sinks, sliding
-windows, other devices) goes to transformers' SDPA function unchanged. Since ``generate()`` on the
-same model object takes the same path, a request decodes to the same bits alone (sequential
-``generate()``) as in any batch of the engine.
+:data:`ATTN_NAME` (with SDPA's own mask builder) and makes it the model's attention. Every call on
+the CPU of a causal layer derives the rows' starts from the boolean mask SDPA would have got (once
+per forward: all layers share the mask object; a prompt's mask is checked to be exactly "padding,
+then causal") and runs the kernel; anything else (other masks, non-causal layers, soft-capping,
+attention sinks, sliding windows, dropout, other devices) goes to transformers' SDPA function
+unchanged. ``generate()`` on the same model object takes the same path.
 """
 
 from __future__ import annotations

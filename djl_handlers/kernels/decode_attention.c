@@ -1,14 +1,16 @@
-/* Decode attention over each row's real tokens only (djl_handlers.kernels.decode_attention).
+/* Attention over each row's real tokens only (djl_handlers.kernels.decode_attention).
  *
- * One query token per row (a decode step), grouped-query attention, keys/values in a strided
- * [rows, kv_heads, columns, head_dim] view whose last dimension is contiguous. Row b attends to
- * columns [start[b], T): the left padding of a padded batch is never read. Each (row, kv head)
- * pair is one task: it reads that head's keys and values once for all the query heads that share
- * it, accumulates in fp32, and writes out[b, head, :] (contiguous [rows, heads, head_dim]).
- * A row's result depends only on its own tokens, never on the other rows of the call.
+ * The last `queries` columns of a [rows, kv_heads, columns, head_dim] key/value view (strided, last
+ * dimension contiguous) are the queries: one per row for a decode step, a prompt's tokens for a
+ * prefill. Query i of row b attends causally to columns [start[b], width - queries + i]: the left
+ * padding of a padded batch is never read. Grouped-query attention: each (row, kv head, query chunk)
+ * is one task that reads the head's keys and values for all the query heads sharing it, accumulates
+ * in fp32, and writes out[b, i, head, :] (contiguous [rows, queries, heads, head_dim]). A query's
+ * result depends only on its own row's tokens, never on the other rows or the padding.
  *
  * Built at first use by djl_handlers/kernels/build.py (gcc -O3 -march=native -ffast-math
- * -fopenmp); called through ctypes with data pointers and element strides.
+ * -fopenmp, linked without -ffast-math); called through ctypes with data pointers and element
+ * strides.
  */
 #include <math.h>
 #include <stdint.h>

@@ -1,11 +1,12 @@
-"""Decode attention over each row's real tokens (the C kernel in ``decode_attention.c``).
+"""Attention over each row's real tokens (the C kernel in ``decode_attention.c``).
 
-:func:`decode_attention` computes, for one query token per row, ``softmax(q·Kᵀ·scale)·V`` over
-the columns ``[start[b], T)`` of row ``b`` only: the left padding of a padded batch is never read,
-grouped-query heads read their shared key/value head once, and a row's result does not depend on
-the other rows of the call (the same bits alone or in any batch). fp32 and bf16 (fp32 arithmetic),
-CPU tensors whose last dimension is contiguous; anything else is refused with ``None`` so callers
-can fall back to torch.
+:func:`attention` computes, for the last ``Q`` columns of a left-padded cache (``Q`` = 1 for a
+decode step, the prompt's tokens for a prefill), causal ``softmax(q·Kᵀ·scale)·V`` over each row's
+columns ``[start[b], own column]`` only: the left padding is never read, grouped-query heads read
+their shared key/value head once, and a query's result does not depend on the other rows or
+queries of the call (the same bits alone or in any batch). :func:`decode_attention` is the
+one-query form. fp32 and bf16 (fp32 arithmetic), CPU tensors whose last dimension is contiguous;
+anything else is refused with ``None`` so callers can fall back to torch.
 """
 
 from __future__ import annotations

@@ -628,7 +628,12 @@ def test_prompt_masks_are_recognised_or_refused() -> None:
 @needs_kernel
 def test_a_non_causal_layer_goes_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(hf_ragged_attn, "_sdpa", lambda module, query, *a, **k: (calls.append(query.shape[2]), None))
+
+    def recording_sdpa(module: Any, query: Tensor, *args: Any, **kwargs: Any) -> tuple[None, None]:
+        calls.append(query.shape[2])
+        return None, None
+
+    monkeypatch.setattr(hf_ragged_attn, "_sdpa", recording_sdpa)
 
     class Bidirectional:
         is_causal = False
