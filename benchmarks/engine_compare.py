@@ -104,9 +104,15 @@ def run_hf_cb(model: Any, prompts: list[list[int]], limits: list[int], eos: set[
 
 def _use_kernels(model: Any, linear: str, attention: str = "ragged") -> None:
     """Switch ``model``'s linear layers between oneDNN-prepacked (``onednn``) and torch's own, and
-    its attention between the ragged decode kernel (``ragged``) and torch's SDPA."""
+    its attention between the ragged kernel (``ragged``) and torch's SDPA. RMSNorms are fused (the
+    engine's default) unless both are torch's (the stock model)."""
     from djl_handlers.engines import hf_ragged_attn
     from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears
+    from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms, unfuse_rms_norms
+
+    unfuse_rms_norms(model)
+    if (linear, attention) != ("torch", "sdpa"):
+        fuse_rms_norms(model)
 
     unpack_linears(model)
     if linear == "onednn":
