@@ -50,7 +50,7 @@ class PackedLinear:
     def _pack(self) -> None:
         weight = self.module.weight
         self.version = _version(weight)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _HINT)
+        self.packed = reorder(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.module.weight
@@ -58,14 +58,24 @@ class PackedLinear:
             return torch.nn.functional.linear(x, weight, self.module.bias)
         if _version(weight) != self.version:  # changed in place since it was packed
             self._pack()
-        bias = self.module.bias
-        x = x.contiguous()
-        flat_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if flat_rows == 1:  # a lone row takes oneDNN's other path: run it as two identical rows
-            twice = torch.cat([x.reshape(1, -1)] * 2)
-            out = torch.ops.mkldnn._linear_pointwise(twice, self.packed, bias, "none", [], "")
-            return out[:1].reshape(*x.shape[:-1], out.shape[-1])
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        return run_packed(x, self.packed, self.module.bias)
+
+
+def run_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` over a weight reordered by ``_reorder_linear_weight``; a lone row is run
+    as two identical rows (oneDNN's one-row path sums in another order)."""
+    x = x.contiguous()
+    flat_rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if flat_rows == 1:
+        twice = torch.cat([x.reshape(1, -1)] * 2)
+        out = torch.ops.mkldnn._linear_pointwise(twice, packed, bias, "none", [], "")
+        return out[:1].reshape(*x.shape[:-1], out.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def reorder(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ([out, in]) reordered once into oneDNN's blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _HINT)
 
 
 def _version(weight: torch.Tensor) -> int:
@@ -96,7 +106,11 @@ def prepack_linears(model: Any) -> int:
 
 
 def unpack_linears(model: Any) -> int:
-    """Undo :func:`prepack_linears` (the class's own ``forward`` again); returns how many."""
+    """Undo :func:`prepack_linears` (the class's own ``forward`` again, also for projections that
+    :func:`~djl_handlers.engines.hf_cpu_fused.fuse_projections` fused); returns how many."""
+    from djl_handlers.engines.hf_cpu_fused import unfuse_projections
+
+    unfuse_projections(model)
     count = 0
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), PackedLinear):

@@ -144,6 +144,8 @@ class HFEngine:
         ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
         options, ``max_prefill_tokens``, ``torch_threads``, ``cpu_linear`` (``onednn``, the default:
         prepacked oneDNN linear layers on the CPU, :mod:`~djl_handlers.engines.hf_cpu_linear`; ``torch``),
+        ``cpu_fuse_projections`` (``true``, the default with ``onednn``: query/key/value and gate/up
+        projections each as one GEMM, :mod:`~djl_handlers.engines.hf_cpu_fused`; ``false``),
         ``cpu_attention`` (``auto``, the default: decode attention over real tokens only,
         :mod:`~djl_handlers.engines.hf_ragged_attn`, when its kernel builds; ``ragged``; ``sdpa``),
         ``cpu_norm`` (``fused``, the default: one-pass RMSNorm on the CPU,
@@ -172,6 +174,7 @@ class HFEngine:
             attn_implementation=config.hf.attn_implementation,
             torch_threads=raw.get("torch_threads"),
             cpu_linear=raw.get("cpu_linear") or "onednn",
+            cpu_fuse_projections=_default(raw.get("cpu_fuse_projections"), True),
             cpu_attention=raw.get("cpu_attention") or "auto",
             cpu_norm=raw.get("cpu_norm") or "fused",
             max_batch_size=config.max_rolling_batch_size,
@@ -575,3 +578,8 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         elif isinstance(source, (list, tuple)):
             ids.update(int(i) for i in source)
     return frozenset(ids)
+
+
+def _default(value: Any, default: Any) -> Any:
+    """``value`` as configured, or ``default`` when the option is unset or empty."""
+    return default if value is None or value == "" else value

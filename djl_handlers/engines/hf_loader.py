@@ -37,6 +37,8 @@ class LoadOptions:
     revision: str | None = None
     attn_implementation: str | None = None
     cpu_linear: str = "torch"  # "onednn": prepacked oneDNN linear layers on the CPU (hf_cpu_linear)
+    # with cpu_linear=onednn: sibling projections (q/k/v, gate/up) as one GEMM each (hf_cpu_fused)
+    cpu_fuse_projections: bool = False
     # "ragged": decode attention over real tokens (hf_ragged_attn; an error if its kernel cannot be
     # built), "auto": ragged when it builds, else sdpa with a warning; "sdpa": torch's
     cpu_attention: str = "sdpa"
@@ -92,6 +94,7 @@ class LoadOptions:
             cpu_linear=cpu_linear,
             cpu_attention=cpu_attention,
             cpu_norm=cpu_norm,
+            cpu_fuse_projections=_as_bool(self.cpu_fuse_projections, "option.cpu_fuse_projections"),
             dtype=dtype,
             trust_remote_code=_as_bool(self.trust_remote_code, "option.trust_remote_code"),
             torch_threads=threads,
@@ -188,6 +191,10 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
         from djl_handlers.engines.hf_cpu_linear import prepack_linears
 
         prepack_linears(model)
+        if opts.cpu_fuse_projections:
+            from djl_handlers.engines.hf_cpu_fused import fuse_projections
+
+            fuse_projections(model)  # checked against the unfused forward; logs and keeps them apart if not
     if opts.cpu_norm == "fused" and device == "cpu":
         from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms
 

@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 
 from djl_handlers.engines import hf_cpu_linear  # noqa: E402
 from djl_handlers.engines.base import EngineRequest  # noqa: E402
+from djl_handlers.engines.hf_cpu_fused import FusedMember  # noqa: E402
 from djl_handlers.engines.hf_cpu_linear import PackedLinear, prepack_linears, unpack_linears  # noqa: E402
 from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
@@ -117,4 +118,6 @@ def test_the_hf_engine_packs_by_default_on_the_cpu(tiny_dir: Any, value: str | N
     options = {"model_id": str(tiny_dir), "rolling_batch": "auto", **({"cpu_linear": value} if value else {})}
     engine = HFEngine.from_config(ServingConfig.from_properties(options, engine="huggingface"))
     layers = [m for m in engine.model.modules() if type(m) is torch.nn.Linear]
-    assert layers and all(isinstance(m.__dict__.get("forward"), PackedLinear) == packed for m in layers)
+    # q/k/v and gate/up are fused by default (option.cpu_fuse_projections): a FusedMember over packed weights
+    kinds = (PackedLinear, FusedMember)
+    assert layers and all(isinstance(m.__dict__.get("forward"), kinds) == packed for m in layers)
