@@ -63,7 +63,7 @@ class ProjectionGroup:
         self.versions = [hf_cpu_linear._version(m.weight) for m in self.modules]
         self.packed = reorder(torch.cat([m.weight.detach() for m in self.modules]))
         biases = [m.bias for m in self.modules]
-        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
 
     def clear(self) -> None:
         """Drop the kept result (and the reference to its input)."""

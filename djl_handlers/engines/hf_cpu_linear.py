@@ -58,7 +58,7 @@ class PackedLinear:
             return torch.nn.functional.linear(x, weight, self.module.bias)
         if _version(weight) != self.version:  # changed in place since it was packed
             self._pack()
-        return run_packed(x, self.packed, self.module.bias)
+        return run_packed(x, self.packed, self.module.bias)  # type: ignore[arg-type]
 
 
 def run_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
