@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from djl_handlers.engines.base import StepOutput
+from djl_handlers.engines.sampling import log_normalizer
 
 GROW = 128  # columns added to a full slab (amortises reallocation to one copy per GROW tokens)
 
@@ -309,9 +310,8 @@ def static_outputs(
     and first eos; log-probs from the raw per-step logits; ``finish_reason`` on the last one."""
     columns = []
     for t, logits in enumerate(step_logits):  # one [n, vocab] tensor per step: no big stack
-        x = logits.float()
-        picked = x.gather(1, new_tokens[:, t : t + 1]).squeeze(1)
-        columns.append(picked - torch.logsumexp(x, dim=-1))
+        picked = logits.gather(1, new_tokens[:, t : t + 1]).squeeze(1).float()
+        columns.append(picked - log_normalizer(logits))
     log_probs = torch.stack(columns, dim=1).tolist() if columns else [[] for _ in request_ids]
     results = []
     for i, rid in enumerate(request_ids):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from djl_handlers.kernels.row_stats import row_stats
 from djl_handlers.params.translate import to_hf
 
 if TYPE_CHECKING:
@@ -135,9 +136,12 @@ def sample_batch(
     row that got a token. ``top_n`` (one count per row, 0 = none) also returns each asking row's
     most likely tokens with log-probs from the same ``log_softmax`` as ``log_probs``.
     """
-    logits = logits.float()
-    tokens = logits.argmax(dim=-1)
     special = [i for i, row in enumerate(rows) if row.needs_processing]
+    stats = row_stats(logits) if logits.is_cpu else None  # argmax and log_z in one C pass (None: torch's)
+    if stats is not None and not special and not (top_n is not None and any(top_n)):
+        return _greedy(logits, rows, *stats)  # the common case: the fp32 copy is not even made
+    logits = logits.float()
+    tokens = logits.argmax(dim=-1) if stats is None else stats[0]
     errors: list[str | None] = [None] * len(rows)
     if special:
         idx = torch.tensor(special, dtype=torch.long, device=logits.device)
@@ -150,7 +154,7 @@ def sample_batch(
                     tokens[i] = _select(logits[i : i + 1], [rows[i]])[0]
                 except (RuntimeError, ValueError) as exc:
                     errors[i] = f"sampling failed: {exc}"
-    log_z = torch.logsumexp(logits, dim=-1)
+    log_z = torch.logsumexp(logits, dim=-1) if stats is None else stats[1]
     picked = logits.gather(1, tokens.clamp(min=0).unsqueeze(1)).squeeze(1)
     log_probs = (picked - log_z).tolist()
     token_list = tokens.tolist()
@@ -165,6 +169,22 @@ def sample_batch(
     if top_n is not None:
         result.top_tokens = top_log_probs(logits, log_z, top_n)
     return result
+
+
+def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
+    """``logsumexp`` of each row of ``logits`` [rows, vocab] as float32 — the same quantity
+    :func:`sample_batch` subtracts, from the same kernel where it applies."""
+    stats = row_stats(logits) if logits.is_cpu else None
+    return torch.logsumexp(logits.float(), dim=-1) if stats is None else stats[1]
+
+
+def _greedy(logits: torch.Tensor, rows: Sequence[RowSampling], tokens: torch.Tensor, log_z: torch.Tensor) -> SampleResult:
+    """Every row greedy on the raw logits, all finite: the argmax and its log-prob."""
+    picked = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float()
+    token_list = tokens.tolist()
+    for row, token in zip(rows, token_list, strict=True):
+        row.observe(token)
+    return SampleResult(token_list, (picked - log_z).tolist(), [None] * len(rows))
 
 
 def top_log_probs(
