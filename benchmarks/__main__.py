@@ -1,4 +1,5 @@
-"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,attention,all} [--quick]``.
+"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,attention,kernels,all}``
+[--quick].
 
 Each subcommand prints its tables and writes ``docs/benchmarks-<name>.json`` (``-quick.json``
 for ``--quick``, which finishes in under two minutes and draws no PNG) and, for full runs, a PNG
@@ -124,6 +125,13 @@ def _attention(args: argparse.Namespace) -> None:
     decode_attention.main(["--dtype", args.dtype, "--rounds", str(1 if args.quick else 3), "--out", str(out)])
 
 
+def _kernels(args: argparse.Namespace) -> None:
+    from benchmarks import step_kernels
+
+    out = step_kernels.DOCS / f"benchmarks-step-kernels{'-quick' if args.quick else ''}.json"
+    step_kernels.main(["--dtype", args.dtype, "--rounds", str(1 if args.quick else 9), "--out", str(out)])
+
+
 def _profile(args: argparse.Namespace) -> None:
     from benchmarks import profile
 
@@ -136,6 +144,7 @@ def _profile(args: argparse.Namespace) -> None:
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "memory": _memory,
     "profile": _profile, "served": _served, "compare": _compare, "attention": _attention,
+    "kernels": _kernels,
 }
 
 

@@ -35,6 +35,8 @@ import torch
 
 from djl_handlers.engines import hf_cpu_linear
 from djl_handlers.engines.hf_cpu_linear import PackedLinear, reorder, run_packed
+from djl_handlers.kernels import silu_mul as silu_kernel
+from djl_handlers.kernels.silu_mul import silu_mul
 
 LOG = logging.getLogger(__name__)
 
@@ -69,6 +71,12 @@ class ProjectionGroup:
         """Drop the kept result (and the reference to its input)."""
         self._x, self._slices, self._pending = None, (), 0
 
+    def full(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused GEMM's whole output for ``x`` (every member's columns side by side)."""
+        if [hf_cpu_linear._version(m.weight) for m in self.modules] != self.versions:
+            self._pack()
+        return run_packed(x, self.packed, self.bias)  # type: ignore[arg-type]
+
     def run(self, slot: int, x: torch.Tensor) -> torch.Tensor:
         """Member ``slot``'s output for ``x``: its slice of the kept fused result when that was
         computed for this very tensor and not yet taken, else of a new fused GEMM."""
@@ -80,9 +88,7 @@ class ProjectionGroup:
             if not self._pending:
                 self.clear()
             return out
-        if [hf_cpu_linear._version(m.weight) for m in self.modules] != self.versions:
-            self._pack()  # a weight changed in place since it was packed
-        full = run_packed(x, self.packed, self.bias)  # type: ignore[arg-type]
+        full = self.full(x)  # repacks first if a weight changed in place since it was packed
         self._slices = tuple(full.split(self.sizes, dim=-1))
         self._x, self._x_version = x, hf_cpu_linear._version(x)
         self._pending = ((1 << len(self.modules)) - 1) & ~bit
@@ -103,6 +109,79 @@ class FusedMember:
         if x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu":
             return torch.nn.functional.linear(x, weight, self.module.bias)
         return self.group.run(self.slot, x)
+
+
+class FusedMLP:
+    """The ``forward`` of a Llama-style MLP whose ``gate_proj``/``up_proj`` are one fused group:
+    ``down_proj(silu_mul(gate_up(x)))`` — the activation and the product in one C pass
+    (:mod:`djl_handlers.kernels.silu_mul`). Calls it cannot take (forward hooks on gate/up, such as
+    LoRA's; other dtypes or devices; extra arguments) run the module's own forward."""
+
+    def __init__(self, module: torch.nn.Module, group: ProjectionGroup, original: Any, previous: Any) -> None:
+        self.module: Any = module
+        self.group = group
+        self.original = original
+        self.previous = previous  # the instance's own ``forward`` before (None: the class's)
+
+    def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        m = self.module
+        gate, up = m.gate_proj, m.up_proj
+        if (args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != gate.weight.dtype or not x.is_cpu
+                or gate._forward_hooks or up._forward_hooks or gate._forward_pre_hooks or up._forward_pre_hooks
+                or _global_hooks()):
+            return self.original(x, *args, **kwargs)
+        hidden = silu_mul(self.group.full(x))
+        if hidden is None:
+            return self.original(x, *args, **kwargs)
+        return m.down_proj(hidden)
+
+
+def _global_hooks() -> bool:
+    """True when module hooks are registered for every module (``register_module_forward_hook``)."""
+    from torch.nn.modules import module as nn_module
+
+    return bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+
+
+def _silu(act: Any) -> bool:
+    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+
+
+def _fuse_mlps(model: Any) -> int:
+    """Give every MLP whose gate/up pair is fused and whose activation is SiLU a :class:`FusedMLP`
+    forward, when its output matches its own forward on random inputs; returns how many."""
+    if not silu_kernel.available():
+        return 0
+    count = 0
+    for module in model.modules():
+        gate, up, down = (getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
+        g_fwd, u_fwd = (getattr(m, "__dict__", {}).get("forward") for m in (gate, up))
+        if not (isinstance(g_fwd, FusedMember) and isinstance(u_fwd, FusedMember) and g_fwd.group is u_fwd.group
+                and g_fwd.slot == 0 and u_fwd.slot == 1 and isinstance(down, torch.nn.Module)
+                and _silu(getattr(module, "act_fn", None)) and g_fwd.group.sizes[0] == g_fwd.group.sizes[1]):
+            continue
+        previous = module.__dict__.get("forward")
+        fused = FusedMLP(module, g_fwd.group, module.forward, previous)
+        if not _mlp_matches(fused, g_fwd.module.weight):
+            continue
+        module.forward = fused
+        count += 1
+    return count
+
+
+def _mlp_matches(fused: FusedMLP, weight: torch.Tensor) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    tol = 3e-2 if weight.dtype == torch.bfloat16 else 1e-4
+    with torch.inference_mode():
+        for shape in ((3, weight.shape[1]), (2, 4, weight.shape[1]), (1, 1, weight.shape[1])):
+            x = torch.randn(*shape, generator=gen).to(weight.dtype)
+            want, got = fused.original(x), fused(x)
+            if not isinstance(want, torch.Tensor) or want.shape != got.shape:
+                return False
+            scale = float(want.abs().max()) or 1.0
+            if float((want.float() - got.float()).abs().max()) > tol * scale:
+                return False
+    return True
 
 
 def _groups(model: Any) -> list[list[torch.nn.Linear]]:
@@ -162,10 +241,11 @@ def _close(want: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> bool:
     return float((want - got).abs().max()) <= tol
 
 
-def fuse_projections(model: Any, check: bool = True) -> int:
-    """Fuse every group of sibling projections of ``model`` (see the module doc); returns how many
-    groups. With ``check``, the model runs once before and after; a failing or different forward
-    undoes the fusion (logged) and returns 0."""
+def fuse_projections(model: Any, check: bool = True, mlp: bool = True) -> int:
+    """Fuse every group of sibling projections of ``model`` (see the module doc) and, with ``mlp``,
+    give SiLU MLPs over a fused gate/up pair a :class:`FusedMLP` forward; returns how many groups.
+    With ``check``, the model runs once before and after; a failing or different forward undoes
+    the fusion (logged) and returns 0."""
     if not hf_cpu_linear.available():
         return 0
     groups = _groups(model)
@@ -174,6 +254,8 @@ def fuse_projections(model: Any, check: bool = True) -> int:
     dtype = groups[0][0].weight.dtype
     want = _probe(model) if check else None
     _apply(groups)
+    if mlp:
+        _fuse_mlps(model)
     if check:
         got = _probe(model)
         if want is None or got is None or not _close(want, got, dtype):
@@ -187,6 +269,13 @@ def fuse_projections(model: Any, check: bool = True) -> int:
 def unfuse_projections(model: Any) -> int:
     """Undo :func:`fuse_projections` (each member's forward before fusing); returns how many members."""
     count = 0
+    for module in model.modules():
+        mlp = module.__dict__.get("forward")
+        if isinstance(mlp, FusedMLP):
+            if mlp.previous is None:
+                del module.forward
+            else:
+                module.forward = mlp.previous
     for module in model.modules():
         fused = module.__dict__.get("forward")
         if isinstance(fused, FusedMember):

@@ -178,7 +178,9 @@ def log_normalizer(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits.float(), dim=-1) if stats is None else stats[1]
 
 
-def _greedy(logits: torch.Tensor, rows: Sequence[RowSampling], tokens: torch.Tensor, log_z: torch.Tensor) -> SampleResult:
+def _greedy(
+    logits: torch.Tensor, rows: Sequence[RowSampling], tokens: torch.Tensor, log_z: torch.Tensor
+) -> SampleResult:
     """Every row greedy on the raw logits, all finite: the argmax and its log-prob."""
     picked = logits.gather(1, tokens.unsqueeze(1)).squeeze(1).float()
     token_list = tokens.tolist()

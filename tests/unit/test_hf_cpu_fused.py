@@ -231,3 +231,106 @@ def test_the_hf_engine_fuses_by_default_on_the_cpu(tiny_dir: Any, options: dict[
     names = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
     members = [m for name, m in engine.model.named_modules() if name.rsplit(".", 1)[-1] in names]
     assert members and all(isinstance(m.__dict__.get("forward"), FusedMember) == fused for m in members)
+
+
+# -- SiLU·mul over the fused gate/up output (kernels/silu_mul.py, FusedMLP) ---------------------
+
+from djl_handlers.engines.hf_cpu_fused import FusedMLP  # noqa: E402
+from djl_handlers.kernels import silu_mul as silu_kernel  # noqa: E402
+
+needs_silu = pytest.mark.skipif(not silu_kernel.available(),
+                                reason=f"kernel not built: {silu_kernel.unavailable_reason()}")
+
+
+@needs_silu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 8), (3, 1, 3072), (1, 700, 3072), (5, 2, 200), (40, 3072)])
+def test_silu_mul_computes_silu_gate_times_up(dtype: Any, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(*shape, generator=gen) * 4).to(dtype)
+    got, want = silu_kernel.silu_mul(x), silu_kernel.reference(x)
+    assert got is not None and got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+    if dtype == torch.float32:
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    else:  # torch's rounding steps: only an expf last-bit difference can flip a bf16 rounding
+        assert float((got != want).float().mean()) < 0.01
+        assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_silu
+def test_silu_mul_rows_are_independent_and_strided_input_is_read_in_place() -> None:
+    x = torch.randn(50, 1, 1000)
+    whole = silu_kernel.silu_mul(x)
+    for rows in (1, 2, 7, 33):
+        assert torch.equal(silu_kernel.silu_mul(x[:rows]), whole[:rows])  # type: ignore[index]
+    wide = torch.randn(6, 1300)
+    assert torch.equal(silu_kernel.silu_mul(wide[:, 100:1100]), silu_kernel.silu_mul(wide[:, 100:1100].contiguous()))
+
+
+@needs_silu
+def test_silu_mul_refuses_what_it_does_not_handle_and_keeps_nan() -> None:
+    assert silu_kernel.silu_mul(torch.randn(2, 7)) is None  # odd width
+    assert silu_kernel.silu_mul(torch.randn(2, 8).half()) is None
+    assert silu_kernel.silu_mul(torch.randn(2, 8).double()) is None
+    x = torch.randn(2, 8)
+    x[0, 1] = float("nan")
+    out = silu_kernel.silu_mul(x)
+    assert out is not None and torch.isnan(out[0, 1]) and not torch.isnan(out[1]).any()
+    big = torch.tensor([[-200.0, 200.0, 1.0, 1.0]])  # exp overflow on both sides
+    assert torch.allclose(silu_kernel.silu_mul(big), silu_kernel.reference(big))  # type: ignore[arg-type]
+
+
+def _llama_mlp(dtype: Any) -> Any:
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=160, hidden_act="silu")
+    holder = torch.nn.Module()
+    holder.mlp = LlamaMLP(config).to(dtype).eval()
+    holder.config = type("C", (), {"vocab_size": 0})()  # no probe forward: fused with check=False
+    return holder
+
+
+@needs_silu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_llama_mlp_gets_the_fused_forward_and_matches_its_own(dtype: Any) -> None:
+    holder = _llama_mlp(dtype)
+    mlp = holder.mlp
+    x = torch.randn(3, 1, 64).to(dtype)
+    with torch.inference_mode():
+        want = mlp(x)
+        assert fuse_projections(holder, check=False) == 1
+        assert isinstance(mlp.__dict__.get("forward"), FusedMLP)
+        got = mlp(x)
+    tol = 1e-5 if dtype == torch.float32 else 5e-2
+    assert torch.allclose(got.float(), want.float(), rtol=tol, atol=tol)
+    assert unfuse_projections(holder) == 2 and "forward" not in mlp.__dict__
+
+
+@needs_silu
+def test_forward_hooks_on_gate_or_up_take_the_modules_own_path() -> None:
+    holder = _llama_mlp(torch.float32)
+    mlp = holder.mlp
+    fuse_projections(holder, check=False)
+    seen: list[str] = []
+    handle = mlp.up_proj.register_forward_hook(lambda module, args, out: seen.append("up") or out * 0)
+    x = torch.randn(2, 64)
+    with torch.inference_mode():
+        out = mlp(x)
+    assert seen == ["up"] and torch.count_nonzero(out) == 0  # the hook ran and its output was used
+    handle.remove()
+    with torch.inference_mode():
+        assert torch.count_nonzero(mlp(x)) > 0 and seen == ["up"]  # fused again: gate/up hooks are not called
+
+
+@needs_silu
+def test_the_tiny_model_gets_fused_mlps(tiny_model: Any) -> None:
+    model, _ = tiny_model
+    prepack_linears(model)
+    try:
+        assert fuse_projections(model) == 4  # 2 layers x (q/k/v, gate/up)
+        assert sum(isinstance(m.__dict__.get("forward"), FusedMLP) for m in model.modules()) == 2
+    finally:
+        unpack_linears(model)
+    assert not any(isinstance(m.__dict__.get("forward"), (FusedMLP, FusedMember)) for m in model.modules())
