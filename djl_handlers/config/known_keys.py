@@ -68,7 +68,8 @@ HANDLER_OPTION_KEYS: frozenset[str] = frozenset({
     "embedded_model",  # service.py: the converted SmolLM2 folder when model_id is unset
     "batch_size",  # server/settings.py: DJL's init call may carry it as an option
     "torch_threads", "max_prefill_tokens",  # engines/hf_engine.py (huggingface, deepspeed)
-    "hf_step", "cpu_linear", "cpu_fuse_projections", "cpu_attention", "cpu_norm",  # engines/hf_engine.py (huggingface)
+    # engines/hf_engine.py (huggingface):
+    "hf_step", "cpu_linear", "cpu_fuse_projections", "cpu_attention", "cpu_norm", "cpu_rotary",
     "env", "handler", "predict_timeout", "model_loading_timeout",  # server/settings.py
 })
 _HF_FAMILY = ("huggingface", "deepspeed")
@@ -76,6 +77,7 @@ _ENGINE_ONLY_EXTRAS: Mapping[str, tuple[str, ...]] = {
     "torch_threads": _HF_FAMILY, "max_prefill_tokens": _HF_FAMILY,
     "hf_step": ("huggingface",), "cpu_linear": ("huggingface",), "cpu_attention": ("huggingface",),
     "cpu_norm": ("huggingface",), "cpu_fuse_projections": ("huggingface",),
+    "cpu_rotary": ("huggingface",),
 }
 _ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
 

@@ -149,7 +149,9 @@ class HFEngine:
         ``cpu_attention`` (``auto``, the default: decode attention over real tokens only,
         :mod:`~djl_handlers.engines.hf_ragged_attn`, when its kernel builds; ``ragged``; ``sdpa``),
         ``cpu_norm`` (``fused``, the default: one-pass RMSNorm on the CPU,
-        :mod:`~djl_handlers.engines.hf_cpu_norm`, when its kernel builds; ``torch``) and ``hf_step``
+        :mod:`~djl_handlers.engines.hf_cpu_norm`, when its kernel builds; ``torch``), ``cpu_rotary``
+        (``fused``, the default: rotary embedding in one C call, bitwise torch's,
+        :mod:`~djl_handlers.engines.hf_cpu_rotary`, when its kernel builds; ``torch``) and ``hf_step``
         (``padded``, the default: this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`).
         """
         raw = config.raw
@@ -177,6 +179,7 @@ class HFEngine:
             cpu_fuse_projections=_default(raw.get("cpu_fuse_projections"), True),
             cpu_attention=raw.get("cpu_attention") or "auto",
             cpu_norm=raw.get("cpu_norm") or "fused",
+            cpu_rotary=raw.get("cpu_rotary") or "fused",
             max_batch_size=config.max_rolling_batch_size,
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
             max_model_len=config.max_model_len,

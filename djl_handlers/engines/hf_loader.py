@@ -43,6 +43,7 @@ class LoadOptions:
     # built), "auto": ragged when it builds, else sdpa with a warning; "sdpa": torch's
     cpu_attention: str = "sdpa"
     cpu_norm: str = "torch"  # "fused": one-pass RMSNorm kernel on the CPU (hf_cpu_norm), else torch's
+    cpu_rotary: str = "torch"  # "fused": one-pass rotary embedding kernel on the CPU (hf_cpu_rotary)
 
     @classmethod
     def from_config(cls, config: Any = None, **overrides: Any) -> LoadOptions:
@@ -88,12 +89,17 @@ class LoadOptions:
         if cpu_norm not in ("fused", "torch"):
             raise ConfigError(f"option.cpu_norm={self.cpu_norm!r} is not supported; use fused or torch",
                               field="option.cpu_norm")
+        cpu_rotary = str(self.cpu_rotary or "torch").strip().lower()
+        if cpu_rotary not in ("fused", "torch"):
+            raise ConfigError(f"option.cpu_rotary={self.cpu_rotary!r} is not supported; use fused or torch",
+                              field="option.cpu_rotary")
         return replace(
             self,
             model_id=str(self.model_id or ""),
             cpu_linear=cpu_linear,
             cpu_attention=cpu_attention,
             cpu_norm=cpu_norm,
+            cpu_rotary=cpu_rotary,
             cpu_fuse_projections=_as_bool(self.cpu_fuse_projections, "option.cpu_fuse_projections"),
             dtype=dtype,
             trust_remote_code=_as_bool(self.trust_remote_code, "option.trust_remote_code"),
@@ -199,6 +205,10 @@ def load_model_and_tokenizer(options: LoadOptions) -> tuple[Any, Any]:
         from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms
 
         fuse_rms_norms(model)  # logs and keeps torch's when the kernel cannot be built
+    if opts.cpu_rotary == "fused" and device == "cpu":
+        from djl_handlers.engines.hf_cpu_rotary import enable as enable_rotary
+
+        enable_rotary(model)  # bitwise torch's; logs and keeps torch's when the kernel cannot be built
     if opts.cpu_attention != "sdpa" and device == "cpu":
         use_ragged_attention(model, required=opts.cpu_attention == "ragged")
     return model, tokenizer
