@@ -6,9 +6,12 @@ side in one process.
    192, 192, 1536, 1536 outputs) at 16 and 32 rows: five prepacked oneDNN GEMMs vs two fused ones;
 2. SiLU·mul of the MLP at 16, 32 and 512 rows: torch's ``silu(gate) * up`` on the fused output's
    slices vs the kernel;
-3. the logits pass of a decode step at 16 and 32 rows (49,152 columns): torch's ``float()``,
+3. the rotary embedding of one layer (9 query / 3 key-value heads of 64, strided like the fused
+   projection's slices) for a 32-row decode step, a 512-token prompt and 4 prompts of 128: torch's
+   ``apply_rotary_pos_emb`` vs the kernel;
+4. the logits pass of a decode step at 16 and 32 rows (49,152 columns): torch's ``float()``,
    ``argmax``, ``logsumexp`` and ``gather`` (what ``sample_batch`` ran before) vs the kernel;
-4. whole decode steps of the HF engine on the embedded model after the 32 prompts of the mixed
+5. whole decode steps of the HF engine on the embedded model after the 32 prompts of the mixed
    workload are prefilled, switched every round between: all on (the default), the SiLU·mul
    kernel off (projections still fused), projections unfused (hence no SiLU·mul either), the
    argmax/log-sum-exp kernel off, none of them.
@@ -82,6 +85,27 @@ def silu_mul_pass(dtype: Any, rows: int, rounds: int) -> dict[str, Any]:
     best = _alternate({"torch": lambda: reference(gate_up), "kernel": lambda: silu_mul(gate_up)}, rounds, 200)
     return {"rows": rows, "torch_us": rnd(best["torch"] * 1e3, 1), "kernel_us": rnd(best["kernel"] * 1e3, 1),
             "speedup": rnd(best["torch"] / best["kernel"])}
+
+
+def rotary_pass(dtype: Any, batch: int, seq: int, rounds: int) -> dict[str, Any]:
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    from djl_handlers.engines.hf_cpu_rotary import FastRotary
+    from djl_handlers.kernels.rotary import rotary
+
+    original = modeling_llama.apply_rotary_pos_emb
+    original = original.original if isinstance(original, FastRotary) else original
+    gen = torch.Generator().manual_seed(3)
+    fused = torch.randn(batch, seq, 960, generator=gen).to(dtype)  # q/k/v slices, as the fused GEMM gives them
+    q = fused[..., :576].view(batch, seq, 9, 64).transpose(1, 2)
+    k = fused[..., 576:768].view(batch, seq, 3, 64).transpose(1, 2)
+    angles = torch.rand(batch, seq, 64, generator=gen) * 20
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    best = _alternate({"torch": lambda: original(q, k, cos, sin), "kernel": lambda: rotary(q, k, cos, sin)},
+                      rounds, 50)
+    return {"batch": batch, "seq": seq, "torch_us": rnd(best["torch"] * 1e3, 1),
+            "kernel_us": rnd(best["kernel"] * 1e3, 1), "speedup": rnd(best["torch"] / best["kernel"])}
 
 
 def logits_pass(dtype: Any, rows: int, rounds: int) -> dict[str, Any]:
@@ -183,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         with torch.inference_mode():
             run = {"projections": [projections(dtype, rows, args.rounds) for rows in (16, 32)],
                    "silu_mul": [silu_mul_pass(dtype, rows, args.rounds) for rows in (16, 32, 512)],
+                   "rotary": [rotary_pass(dtype, b, t, args.rounds) for b, t in ((32, 1), (1, 512), (4, 128))],
                    "logits_pass": [logits_pass(dtype, rows, args.rounds) for rows in (16, 32)],
                    "engine_decode_step": engine_steps(dtype, args.rounds)}
         report["runs"][name] = run
