@@ -207,7 +207,7 @@ def constrained_sample(
     terminated with this token. Log-probs and top tokens of constrained rows are those of the
     model's own distribution (the raw logits), as for unconstrained rows; a token the grammar
     rejects becomes that row's error."""
-    from djl_handlers.engines.sampling import sample_batch, top_log_probs
+    from djl_handlers.engines.sampling import log_normalizer, sample_batch, top_log_probs
 
     masked = masked_logits(logits, grammars)
     result = sample_batch(masked, rows, top_n)
@@ -216,7 +216,7 @@ def constrained_sample(
         return result, done
     constrained = [i for i, g in enumerate(grammars) if g is not None]
     raw = logits.float()
-    log_z = torch.logsumexp(raw[constrained], dim=-1).tolist()
+    log_z = log_normalizer(raw[constrained]).tolist()  # the same log_z as unconstrained rows
     for j, i in enumerate(constrained):
         grammar = grammars[i]
         assert grammar is not None
@@ -229,7 +229,7 @@ def constrained_sample(
         done[i] = grammar.terminated
     if top_n is not None and result.top_tokens is not None:
         asking = [n if i in constrained else 0 for i, n in enumerate(top_n)]
-        fixed = top_log_probs(raw, torch.logsumexp(raw, dim=-1), asking)
+        fixed = top_log_probs(raw, log_normalizer(raw), asking)
         result.top_tokens = [fixed[i] if i in constrained else t for i, t in enumerate(result.top_tokens)]
     return result, done
 
