@@ -103,20 +103,25 @@ def run_hf_cb(model: Any, prompts: list[list[int]], limits: list[int], eos: set[
 
 
 def _use_kernels(model: Any, linear: str, attention: str = "ragged") -> None:
-    """Switch ``model``'s linear layers between oneDNN-prepacked (``onednn``) and torch's own, and
-    its attention between the ragged kernel (``ragged``) and torch's SDPA. RMSNorms are fused (the
-    engine's default) unless both are torch's (the stock model)."""
-    from djl_handlers.engines import hf_ragged_attn
+    """Switch ``model``'s linear layers between oneDNN-prepacked with fused projections (``onednn``,
+    the engine's default) and torch's own, and its attention between the ragged kernel (``ragged``)
+    and torch's SDPA. RMSNorms and the rotary embedding use their kernels (the engine's default)
+    unless both are torch's (the stock model)."""
+    from djl_handlers.engines import hf_cpu_rotary, hf_ragged_attn
+    from djl_handlers.engines.hf_cpu_fused import fuse_projections
     from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears
     from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms, unfuse_rms_norms
 
     unfuse_rms_norms(model)
+    hf_cpu_rotary.disable(model)
     if (linear, attention) != ("torch", "sdpa"):
         fuse_rms_norms(model)
+        hf_cpu_rotary.enable(model)
 
-    unpack_linears(model)
+    unpack_linears(model)  # also unfuses the projections
     if linear == "onednn":
         prepack_linears(model)
+        fuse_projections(model)  # the engine's default with onednn (q/k/v, gate/up, SiLU·mul)
     hf_ragged_attn.disable(model)
     if attention == "ragged" and not hf_ragged_attn.enable(model):
         raise SystemExit("the ragged decode attention kernel cannot be built here")
@@ -124,7 +129,7 @@ def _use_kernels(model: Any, linear: str, attention: str = "ragged") -> None:
 
 def _kernels_of(mode: str) -> tuple[str, str]:
     """(linear, attention) kinds a mode runs with: the engine's defaults unless its name says."""
-    if mode == "hf_cb":
+    if mode in ("hf_cb", "static-stock"):  # stock transformers: none of our kernels
         return "torch", "sdpa"
     return ("torch" if mode.endswith("-torch") else "onednn"), ("sdpa" if mode.endswith("-sdpa") else "ragged")
 
@@ -170,6 +175,8 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
         "padded-sdpa": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_attention=sdpa", prompts, limits),
         "padded-torch": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_linear=torch", prompts, limits),
         "static": lambda: run_static(HFEngine(model, tok, **kw), prompts, limits),
+        "static-stock": lambda: {**run_static(HFEngine(model, tok, **kw), prompts, limits),
+                                 "mode": "one padded static generate(), stock transformers"},
         "hf_cb": lambda: run_hf_cb(model, prompts, limits, set(HFEngine(model, tok).eos_token_ids)),
     }
     wanted = [m for m in modes if m != "hf_cb"] + (["hf_cb"] if hf_cb else [])
@@ -274,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hf-cb", action="store_true", help="also run transformers' ContinuousBatchingManager")
     parser.add_argument("--modes", default="padded,padded-sdpa,padded-torch,packed,static",
                         help="comma list of packed, padded, padded-sdpa (cpu_attention=sdpa), padded-torch "
-                             "(cpu_linear=torch), static")
+                             "(cpu_linear=torch), static (same model object: our kernels), static-stock "
+                             "(stock transformers)")
     parser.add_argument("--sequential", action="store_true", help="also each request alone through generate(): "
                         "the reference for token equality (else the static batch)")
     parser.add_argument("--out", default=str(DOCS / "benchmarks-engine-compare.json"))
