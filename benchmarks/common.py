@@ -7,12 +7,13 @@ absolute numbers depend on a shared 2-core box and are context only.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,32 @@ def save_png(fig: Any, name: str) -> None:
     fig.savefig(path, dpi=80)
     fig.clf()
     print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KiB)")
+
+
+def per_dtype_main(description: str, argv: list[str] | None, out: Path, rounds: int,
+                   measure: Callable[[Any, argparse.Namespace], dict[str, Any]],
+                   options: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """The command line of a side-by-side micro benchmark: ``--dtype fp32,bf16``, ``--rounds``,
+    ``--out`` (+ ``options``); runs ``measure(torch dtype, args)`` per dtype under inference mode,
+    prints each result and writes the report (load average at start and end) as JSON."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--dtype", default="fp32,bf16")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", default=str(out))
+    if options is not None:
+        options(parser)
+    args = parser.parse_args(argv)
+    setup_torch()
+    import torch
+
+    report: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "threads": torch.get_num_threads(), "runs": {}}
+    for name in args.dtype.split(","):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+        with torch.inference_mode():
+            run = measure(dtype, args)
+        report["runs"][name] = run
+        print(name, json.dumps(run), flush=True)
+    report["load_avg_end"] = os.getloadavg()[0]
+    with open(args.out, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(report, indent=1) + "\n")
+    print("wrote", args.out)

@@ -20,12 +20,10 @@ both alike:
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from typing import Any
 
-from benchmarks.common import DOCS, rnd, setup_torch
+from benchmarks.common import DOCS, per_dtype_main, rnd
 
 
 def _best(times: list[float]) -> float:
@@ -157,30 +155,18 @@ def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
             "kernel_ms": rnd(_best(times["kernel"]), 1), "speedup": rnd(_best(times["sdpa"]) / _best(times["kernel"]))}
 
 
-def main(argv: list[str] | None = None) -> None:
-    import torch
+def _measure(dtype: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return {"op_alone": op_alone(dtype, args.width, args.rounds),
+            "prompt_512": prompt_alone(dtype, 1, 512, False, args.rounds),
+            "prompt_group_4x128_padded": prompt_alone(dtype, 4, 128, True, args.rounds),
+            "engine_decode_step": engine_steps(dtype, args.rounds)}
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dtype", default="fp32,bf16")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--width", type=int, default=465, help="padded width of the op-alone cache")
-    parser.add_argument("--out", default=str(DOCS / "benchmarks-decode-attention.json"))
-    args = parser.parse_args(argv)
-    setup_torch()
-    report: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "threads": torch.get_num_threads(), "runs": {}}
-    for name in args.dtype.split(","):
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
-        with torch.inference_mode():
-            run = {"op_alone": op_alone(dtype, args.width, args.rounds),
-                   "prompt_512": prompt_alone(dtype, 1, 512, False, args.rounds),
-                   "prompt_group_4x128_padded": prompt_alone(dtype, 4, 128, True, args.rounds),
-                   "engine_decode_step": engine_steps(dtype, args.rounds)}
-        report["runs"][name] = run
-        print(name, json.dumps(run), flush=True)
-    report["load_avg_end"] = os.getloadavg()[0]
-    with open(args.out, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(report, indent=1) + "\n")
-    print("wrote", args.out)
+
+def main(argv: list[str] | None = None) -> None:
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--width", type=int, default=465, help="padded width of the op-alone cache")
+
+    per_dtype_main(__doc__ or "", argv, DOCS / "benchmarks-decode-attention.json", 3, _measure, options)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,11 @@ keep each variant's best round, whole steps the median round.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import DOCS, rnd, setup_torch
+from benchmarks.common import DOCS, per_dtype_main, rnd
 
 SIZES = {"q": 576, "k": 192, "v": 192, "gate": 1536, "up": 1536}
 
@@ -192,30 +190,16 @@ def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
             "row_stats_alone": rnd(best["no_row_stats"] / best["all"])}
 
 
-def main(argv: list[str] | None = None) -> None:
-    import torch
+def _measure(dtype: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return {"projections": [projections(dtype, rows, args.rounds) for rows in (16, 32)],
+            "silu_mul": [silu_mul_pass(dtype, rows, args.rounds) for rows in (16, 32, 512)],
+            "rotary": [rotary_pass(dtype, b, t, args.rounds) for b, t in ((32, 1), (1, 512), (4, 128))],
+            "logits_pass": [logits_pass(dtype, rows, args.rounds) for rows in (16, 32)],
+            "engine_decode_step": engine_steps(dtype, args.rounds)}
 
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dtype", default="fp32,bf16")
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--out", default=str(DOCS / "benchmarks-step-kernels.json"))
-    args = parser.parse_args(argv)
-    setup_torch()
-    report: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "threads": torch.get_num_threads(), "runs": {}}
-    for name in args.dtype.split(","):
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
-        with torch.inference_mode():
-            run = {"projections": [projections(dtype, rows, args.rounds) for rows in (16, 32)],
-                   "silu_mul": [silu_mul_pass(dtype, rows, args.rounds) for rows in (16, 32, 512)],
-                   "rotary": [rotary_pass(dtype, b, t, args.rounds) for b, t in ((32, 1), (1, 512), (4, 128))],
-                   "logits_pass": [logits_pass(dtype, rows, args.rounds) for rows in (16, 32)],
-                   "engine_decode_step": engine_steps(dtype, args.rounds)}
-        report["runs"][name] = run
-        print(name, json.dumps(run), flush=True)
-    report["load_avg_end"] = os.getloadavg()[0]
-    with open(args.out, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(report, indent=1) + "\n")
-    print("wrote", args.out)
+
+def main(argv: list[str] | None = None) -> None:
+    per_dtype_main(__doc__ or "", argv, DOCS / "benchmarks-step-kernels.json", 9, _measure)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 LOG = logging.getLogger(__name__)
 
@@ -99,6 +100,37 @@ def load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
 def error(name: str) -> str | None:
     """Why :func:`load` returned None for ``name`` (None when it loaded or was never tried)."""
     return _errors.get(name)
+
+
+class Function:
+    """One C function of a kernel library: the library built and loaded at first use, the
+    function's ctypes signature set once. ``fn`` holds it after the first successful :meth:`get`
+    (hot paths read the attribute and call :meth:`get` only while it is None)."""
+
+    def __init__(self, name: str, symbol: str, argtypes: list[Any], flags: tuple[str, ...] = (),
+                 restype: Any = ctypes.c_int) -> None:
+        self.name, self.symbol, self.argtypes, self.flags, self.restype = name, symbol, argtypes, flags, restype
+        self.fn: Any = None
+
+    def get(self) -> Any:
+        """The loaded function (building the library if needed), or None when unavailable."""
+        if self.fn is None:
+            lib = load(self.name, self.flags)
+            if lib is None:
+                return None
+            fn = getattr(lib, self.symbol)
+            fn.argtypes = self.argtypes
+            fn.restype = self.restype
+            self.fn = fn
+        return self.fn
+
+    def available(self) -> bool:
+        """True when the kernel builds and loads here (see :meth:`unavailable_reason` otherwise)."""
+        return self.get() is not None
+
+    def unavailable_reason(self) -> str | None:
+        """Why the kernel cannot be used (None when it can)."""
+        return None if self.available() else error(self.name) or "not built"
 
 
 class _BuildError(RuntimeError):

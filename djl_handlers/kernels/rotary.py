@@ -14,7 +14,6 @@ it handles: query/key ``[B, H, S, D]`` with unit stride over an even ``D``, ``co
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import torch
 
@@ -23,32 +22,12 @@ from djl_handlers.kernels import build
 NAME = "rotary"
 FLAGS = ("-fno-fast-math", "-fno-math-errno", "-ffp-contract=off")
 
-_fn: Any = None
-
-
-def library() -> Any:
-    """The loaded kernel function (building the library if needed), or None when unavailable."""
-    global _fn
-    if _fn is None:
-        lib = build.load(NAME, FLAGS)
-        if lib is None:
-            return None
-        fn = lib.djl_rotary
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        _fn = fn
-    return _fn
-
-
-def available() -> bool:
-    """True when the kernel builds and loads here (see :func:`unavailable_reason` otherwise)."""
-    return library() is not None
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be used (None when it can)."""
-    return None if available() else build.error(NAME) or "not built"
+_KERNEL = build.Function(NAME, "djl_rotary", [
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+    ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int], flags=FLAGS)
+library = _KERNEL.get
+available = _KERNEL.available
+unavailable_reason = _KERNEL.unavailable_reason
 
 
 def _view(x: torch.Tensor) -> ctypes.Array[ctypes.c_int64]:
@@ -62,7 +41,7 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     """``(q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin)`` with ``cos``/``sin``
     broadcast over the head dimension (``unsqueeze_dim=1``), as new contiguous tensors; None when
     the call is outside what the kernel handles (see the module doc)."""
-    fn = _fn if _fn is not None else library()
+    fn = _KERNEL.fn or _KERNEL.get()
     dtype = q.dtype
     if fn is None or (dtype is not torch.float32 and dtype is not torch.bfloat16):
         return None

@@ -16,7 +16,6 @@ those give; -inf entries, i.e. masked tokens, are fine).
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import torch
 
@@ -24,38 +23,18 @@ from djl_handlers.kernels import build
 
 NAME = "row_stats"
 
-_fn: Any = None
-
-
-def library() -> Any:
-    """The loaded kernel function (building the library if needed), or None when unavailable."""
-    global _fn
-    if _fn is None:
-        lib = build.load(NAME)
-        if lib is None:
-            return None
-        fn = lib.djl_row_stats
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        _fn = fn
-    return _fn
-
-
-def available() -> bool:
-    """True when the kernel builds and loads here (see :func:`unavailable_reason` otherwise)."""
-    return library() is not None
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be used (None when it can)."""
-    return None if available() else build.error(NAME) or "not built"
+_KERNEL = build.Function(NAME, "djl_row_stats", [
+    ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+    ctypes.c_void_p, ctypes.c_int])
+library = _KERNEL.get
+available = _KERNEL.available
+unavailable_reason = _KERNEL.unavailable_reason
 
 
 def row_stats(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(argmax, log_z)`` of each row of ``logits`` [rows, vocab]: int64 and float32 tensors of
     ``rows`` values; None when the kernel does not handle this input (see the module doc)."""
-    fn = _fn if _fn is not None else library()
+    fn = _KERNEL.fn or _KERNEL.get()
     if fn is None or logits.dim() != 2 or not logits.is_cpu or logits.layout is not torch.strided:
         return None
     dtype = logits.dtype

@@ -14,7 +14,6 @@ fp32/bf16 tensor with an even last dimension and unit column stride.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 import torch
 
@@ -22,32 +21,11 @@ from djl_handlers.kernels import build
 
 NAME = "silu_mul"
 
-_fn: Any = None
-
-
-def library() -> Any:
-    """The loaded kernel function (building the library if needed), or None when unavailable."""
-    global _fn
-    if _fn is None:
-        lib = build.load(NAME)
-        if lib is None:
-            return None
-        fn = lib.djl_silu_mul
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_int64, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        _fn = fn
-    return _fn
-
-
-def available() -> bool:
-    """True when the kernel builds and loads here (see :func:`unavailable_reason` otherwise)."""
-    return library() is not None
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be used (None when it can)."""
-    return None if available() else build.error(NAME) or "not built"
+_KERNEL = build.Function(NAME, "djl_silu_mul", [
+    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int])
+library = _KERNEL.get
+available = _KERNEL.available
+unavailable_reason = _KERNEL.unavailable_reason
 
 
 def reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -59,7 +37,7 @@ def reference(gate_up: torch.Tensor) -> torch.Tensor:
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """``silu(gate_up[..., :n]) * gate_up[..., n:]`` for ``n = gate_up.shape[-1] // 2``, as a new
     contiguous tensor; None when the kernel does not handle this input (see the module doc)."""
-    fn = _fn if _fn is not None else library()
+    fn = _KERNEL.fn or _KERNEL.get()
     dtype = gate_up.dtype
     if fn is None or (dtype is not torch.float32 and dtype is not torch.bfloat16) or not gate_up.is_cpu:
         return None

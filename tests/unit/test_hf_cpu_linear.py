@@ -9,14 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from engine_runs import engine_tokens, generate_tokens  # noqa: E402
+
 from djl_handlers.engines import hf_cpu_linear  # noqa: E402
-from djl_handlers.engines.base import EngineRequest  # noqa: E402
 from djl_handlers.engines.hf_cpu_fused import FusedMember  # noqa: E402
 from djl_handlers.engines.hf_cpu_linear import PackedLinear, prepack_linears, unpack_linears  # noqa: E402
 from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
-from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
 pytestmark = pytest.mark.skipif(not hf_cpu_linear.available(), reason="this torch has no oneDNN")
@@ -84,21 +84,8 @@ def test_engine_with_packed_layers_equals_generate_alone(fixture: str, request: 
     news = [7, 5, 9, 6]
     assert prepack_linears(model) > 0
     try:
-        engine = HFEngine(model, tok, max_prefill_tokens=16)
-        got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-        for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
-            engine.add_request(EngineRequest(i, ids, GenerationParameters(max_new_tokens=n)))
-            for out in engine.step():  # one join per step: rows of different lengths share the batch
-                got[out.request_id].append(int(out.token_id))
-        while engine.has_unfinished():
-            for out in engine.step():
-                got[out.request_id].append(int(out.token_id))
-                if len(got[out.request_id]) >= news[out.request_id]:
-                    engine.release(out.request_id)
-        with torch.inference_mode():
-            for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
-                out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-                assert got[i][:n] == out[0, len(ids):].tolist(), f"request {i}"
+        got = engine_tokens(model, tok, prompts, news)
+        assert [got[i][:n] for i, n in enumerate(news)] == generate_tokens(model, prompts, news)
     finally:
         unpack_linears(model)
 

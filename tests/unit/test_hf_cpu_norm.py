@@ -14,17 +14,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from djl_handlers.engines.base import EngineRequest  # noqa: E402
 from djl_handlers.engines.hf_cpu_norm import FusedRMSNorm, fuse_rms_norms, matches, unfuse_rms_norms  # noqa: E402
 from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
 from djl_handlers.kernels import build  # noqa: E402
 from djl_handlers.kernels import rms_norm as kernel  # noqa: E402
-from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"kernel unavailable: {kernel.unavailable_reason()}")
@@ -283,27 +282,6 @@ def test_fusing_keeps_modules_weights_and_hooks(tiny_model: Any) -> None:
         assert unfuse_rms_norms(model) == len(norms)
 
 
-def _engine_tokens(model: Any, tok: Any, prompts: list[list[int]], news: list[int]) -> dict[int, list[int]]:
-    engine = HFEngine(model, tok, max_prefill_tokens=16)
-    got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
-        engine.add_request(EngineRequest(i, ids, GenerationParameters(max_new_tokens=n)))
-        for out in engine.step():  # one join per step: rows of different lengths share the batch
-            got[out.request_id].append(int(out.token_id))
-    while engine.has_unfinished():
-        for out in engine.step():
-            got[out.request_id].append(int(out.token_id))
-            if len(got[out.request_id]) >= news[out.request_id]:
-                engine.release(out.request_id)
-    return got
-
-
-def _generate(model: Any, prompts: list[list[int]], news: list[int]) -> list[list[int]]:
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(ids):]
-                .tolist() for ids, n in zip(prompts, news, strict=True)]
-
-
 @needs_kernel
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_engine_with_fused_norms_equals_generate_and_the_stock_model(tiny_model: Any, dtype: Any,
@@ -322,13 +300,13 @@ def test_engine_with_fused_norms_equals_generate_and_the_stock_model(tiny_model:
     prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x",
                                        "One two three four five six seven eight nine ten eleven twelve")]
     news = [7, 5, 9, 6]
-    stock = _generate(model, prompts, news)
+    stock = generate_tokens(model, prompts, news)
     assert fuse_rms_norms(model) == len(_norms(model))
     try:
         calls.update(kernel=0, refused=0)
-        got = _engine_tokens(model, tok, prompts, news)
+        got = engine_tokens(model, tok, prompts, news)
         assert calls["kernel"] > 0 and calls["refused"] == 0, calls  # the engine's steps ran the kernel
-        fused = _generate(model, prompts, news)
+        fused = generate_tokens(model, prompts, news)
         with torch.inference_mode():  # and the logits themselves, not only the argmax
             ids = torch.tensor([prompts[3]])
             fused_logits = model(ids).logits

@@ -10,16 +10,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
 from djl_handlers.engines import hf_cpu_rotary  # noqa: E402
-from djl_handlers.engines.base import EngineRequest  # noqa: E402
 from djl_handlers.engines.hf_cpu_rotary import FastRotary, disable, enable, matches  # noqa: E402
 from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
 from djl_handlers.kernels import rotary as kernel  # noqa: E402
-from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
 pytestmark = pytest.mark.skipif(not kernel.available(), reason=f"kernel not built: {kernel.unavailable_reason()}")
@@ -131,23 +130,11 @@ def test_engine_with_the_kernel_equals_generate_alone(tiny_model: Any) -> None:
     modeling_llama.apply_rotary_pos_emb = _original()
     assert enable(model) == 1
     try:
-        engine = HFEngine(model, tok, max_prefill_tokens=16)
-        got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-        for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
-            engine.add_request(EngineRequest(i, ids, GenerationParameters(max_new_tokens=n)))
-            for out in engine.step():
-                got[out.request_id].append(int(out.token_id))
-        while engine.has_unfinished():
-            for out in engine.step():
-                got[out.request_id].append(int(out.token_id))
-                if len(got[out.request_id]) >= news[out.request_id]:
-                    engine.release(out.request_id)
+        got = engine_tokens(model, tok, prompts, news)
     finally:
         disable(model)
-    with torch.inference_mode():  # the reference runs on torch's rotary
-        for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
-            out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
-            assert got[i][:n] == out[0, len(ids):].tolist(), f"request {i}"
+    want = generate_tokens(model, prompts, news)  # the reference runs on torch's rotary
+    assert [got[i][:n] for i, n in enumerate(news)] == want
 
 
 def test_loader_option_is_validated_and_named() -> None:

@@ -14,11 +14,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from djl_handlers.engines import hf_ragged_attn  # noqa: E402
-from djl_handlers.engines.base import EngineRequest  # noqa: E402
 from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears  # noqa: E402
 from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
@@ -26,7 +26,6 @@ from djl_handlers.engines.hf_ragged_attn import ATTN_NAME, disable, enable, star
 from djl_handlers.errors import ConfigError  # noqa: E402
 from djl_handlers.kernels import build  # noqa: E402
 from djl_handlers.kernels import decode_attention as kernel  # noqa: E402
-from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
 needs_kernel = pytest.mark.skipif(not kernel.available(), reason=f"kernel unavailable: {kernel.unavailable_reason()}")
@@ -286,27 +285,6 @@ def test_the_starts_cache_follows_the_mask_object() -> None:
 # 5. through a real model: the engine, generate() with the kernel, generate() with stock SDPA
 
 
-def _run_engine(model: Any, tok: Any, prompts: list[list[int]], news: list[int]) -> dict[int, list[int]]:
-    engine = HFEngine(model, tok, max_prefill_tokens=16)
-    got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
-        engine.add_request(EngineRequest(i, ids, GenerationParameters(max_new_tokens=n)))
-        for out in engine.step():  # one join per step: rows of different lengths share the batch
-            got[out.request_id].append(int(out.token_id))
-    while engine.has_unfinished():
-        for out in engine.step():
-            got[out.request_id].append(int(out.token_id))
-            if len(got[out.request_id]) >= news[out.request_id]:
-                engine.release(out.request_id)
-    return got
-
-
-def _generate(model: Any, prompts: list[list[int]], news: list[int]) -> list[list[int]]:
-    with torch.inference_mode():
-        return [model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(ids):]
-                .tolist() for ids, n in zip(prompts, news, strict=True)]
-
-
 @needs_kernel
 @pytest.mark.parametrize("fixture", ["tiny_model", pytest.param("real_model", marks=pytest.mark.slow)])
 def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
@@ -336,20 +314,20 @@ def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
     assert prepack_linears(model) > 0
     try:
         assert enable(model) and model.config._attn_implementation == ATTN_NAME
-        got = _run_engine(model, tok, prompts, news)
+        got = engine_tokens(model, tok, prompts, news)
         layers = model.config.num_hidden_layers
         assert max(r for r, q in kernel_calls if q == 1) > 1, "batched decode steps did not reach the kernel"
         assert max(q for _, q in kernel_calls) > 1, "prompts did not reach the kernel"
         assert not fallback_queries, "every step of a plain causal model goes to the kernel"
         engine_calls = len(kernel_calls)
         assert engine_calls % layers == 0
-        alone = _generate(model, prompts, news)
+        alone = generate_tokens(model, prompts, news)
         # generate() alone: one prompt forward and n - 1 decode forwards per request, all in the kernel
         assert len(kernel_calls) - engine_calls == layers * sum(news)
         disable(model)
         assert model.config._attn_implementation == "sdpa"
         calls = len(kernel_calls)
-        stock = _generate(model, prompts, news)
+        stock = generate_tokens(model, prompts, news)
         assert len(kernel_calls) == calls  # stock SDPA does not come here at all
     finally:
         disable(model)
@@ -378,8 +356,8 @@ def test_bf16_engine_with_ragged_attention_equals_generate_alone(tiny_dir: Path,
     prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x", "One two three")]
     news = [6, 4, 8, 5]
     assert enable(model)
-    got = _run_engine(model, tok, prompts, news)
-    alone = _generate(model, prompts, news)
+    got = engine_tokens(model, tok, prompts, news)
+    alone = generate_tokens(model, prompts, news)
     assert dtypes and set(dtypes) == {torch.bfloat16}
     for i, n in enumerate(news):
         assert got[i][:n] == alone[i], f"request {i}"
