@@ -130,30 +130,19 @@ def logits_pass(dtype: Any, rows: int, rounds: int) -> dict[str, Any]:
 
 
 def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from benchmarks.workload import mixed_workload
+    from benchmarks.workload import decoding_engine
     from djl_handlers.engines import hf_ragged_attn, sampling
-    from djl_handlers.engines.base import EngineRequest
     from djl_handlers.engines.hf_cpu_fused import fuse_projections, unfuse_projections
     from djl_handlers.engines.hf_cpu_linear import prepack_linears
     from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms
-    from djl_handlers.engines.hf_engine import HFEngine
     from djl_handlers.kernels.row_stats import row_stats
-    from djl_handlers.model.embedded import embedded_model_dir
-    from djl_handlers.params.generation import GenerationParameters
 
-    folder = str(embedded_model_dir())
-    tok = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
-    prepack_linears(model)
-    fuse_rms_norms(model)
-    hf_ragged_attn.enable(model)
-    engine = HFEngine(model, tok, max_batch_size=32, max_prefill_tokens=512)
-    for i, job in enumerate(mixed_workload(tok, n=32)):
-        engine.add_request(EngineRequest(i, tok.encode(job.prompt), GenerationParameters(max_new_tokens=1000)))
-    while engine._queue or engine._partial is not None:
-        engine.step()
+    def prepare(model: Any) -> None:
+        prepack_linears(model)
+        fuse_rms_norms(model)
+        hf_ragged_attn.enable(model)
+
+    model, engine = decoding_engine(dtype, prepare)
     batch = engine._batch
     assert batch is not None
     shape = {"rows": len(batch.rows), "width": batch.width}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,3 +42,27 @@ def mixed_workload(tokenizer: Any, n: int = 32, seed: int = 0, rate_per_s: float
         if rate_per_s > 0:
             t += rng.expovariate(rate_per_s)
     return jobs
+
+
+def decoding_engine(dtype: Any, prepare: Callable[[Any], None]) -> tuple[Any, Any]:
+    """``(model, engine)``: the embedded model in ``dtype``, ``prepare(model)`` applied (the kernels a
+    benchmark starts from), and an ``HFEngine`` (32 rows, 512-token prefill chunks) that has prefilled
+    all 32 prompts of :func:`mixed_workload` and is decoding them (no request ends)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from djl_handlers.engines.base import EngineRequest
+    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.model.embedded import embedded_model_dir
+    from djl_handlers.params.generation import GenerationParameters
+
+    folder = str(embedded_model_dir())
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).eval()
+    prepare(model)
+    engine = HFEngine(model, tok, max_batch_size=32, max_prefill_tokens=512)
+    for i, job in enumerate(mixed_workload(tok, n=32)):
+        engine.add_request(EngineRequest(i, tok.encode(job.prompt), GenerationParameters(max_new_tokens=1000)))
+    while engine._queue or engine._partial is not None:
+        engine.step()
+    assert engine._batch is not None
+    return model, engine
