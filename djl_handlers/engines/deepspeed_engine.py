@@ -181,6 +181,9 @@ class DeepSpeedEngine(HFEngine):
             kwargs["device"] = "cpu"
             if kwargs.get("torch_threads") is None and not torch.cuda.is_available():
                 kwargs["torch_threads"] = _threads_per_rank(tp_size)
+        # DeepSpeed replaces or shards the linear layers (AutoTP); a fused q/k/v or gate/up group
+        # would keep computing with the unsharded originals, so each projection stays its own layer.
+        kwargs["cpu_fuse_projections"] = False
         model, tokenizer = load_model_and_tokenizer(LoadOptions.from_config(config, **kwargs))
         wrapped = wrap_model(model, config, ds)
         engine = cls(wrapped.module, tokenizer, **engine_kwargs)

@@ -115,7 +115,8 @@ class FusedMLP:
     """The ``forward`` of a Llama-style MLP whose ``gate_proj``/``up_proj`` are one fused group:
     ``down_proj(silu_mul(gate_up(x)))`` — the activation and the product in one C pass
     (:mod:`djl_handlers.kernels.silu_mul`). Calls it cannot take (forward hooks on gate/up, such as
-    LoRA's; other dtypes or devices; extra arguments) run the module's own forward."""
+    LoRA's; gate/up replaced since fusing, e.g. wrapped by PEFT or sharded by DeepSpeed; other dtypes
+    or devices; extra arguments) run the module's own forward."""
 
     def __init__(self, module: torch.nn.Module, group: ProjectionGroup, original: Any, previous: Any) -> None:
         self.module: Any = module
@@ -126,7 +127,9 @@ class FusedMLP:
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
         m = self.module
         gate, up = m.gate_proj, m.up_proj
-        if (args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != gate.weight.dtype or not x.is_cpu
+        members = self.group.modules
+        if (gate is not members[0] or up is not members[1]  # replaced since (a wrapper, a sharded layer)
+                or args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != gate.weight.dtype or not x.is_cpu
                 or gate._forward_hooks or up._forward_hooks or gate._forward_pre_hooks or up._forward_pre_hooks
                 or _global_hooks()):
             return self.original(x, *args, **kwargs)

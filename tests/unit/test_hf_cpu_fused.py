@@ -321,3 +321,27 @@ def test_the_tiny_model_gets_fused_mlps(tiny_model: Any) -> None:
     finally:
         unpack_linears(model)
     assert not any(isinstance(m.__dict__.get("forward"), (FusedMLP, FusedMember)) for m in model.modules())
+
+
+@needs_silu
+def test_gate_or_up_replaced_after_fusing_takes_the_modules_own_path() -> None:
+    """A wrapper put around gate_proj later (PEFT, a sharded layer) must see its call."""
+    holder = _llama_mlp(torch.float32)
+    mlp = holder.mlp
+    fuse_projections(holder, check=False)
+    calls: list[int] = []
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, base: Any) -> None:
+            super().__init__()
+            self.base_layer = base
+
+        def forward(self, x: Any) -> Any:
+            calls.append(1)
+            return self.base_layer(x) * 0
+
+    mlp.gate_proj = Wrapper(mlp.gate_proj)
+    with torch.inference_mode():
+        out = mlp(torch.randn(2, 64))
+    assert calls == [1] and torch.count_nonzero(out) == 0
+
