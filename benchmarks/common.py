@@ -33,11 +33,13 @@ def stop_process(proc: Any, timeout: float = 30) -> None:
 
 
 def setup_torch() -> None:
-    """Offline hub, 2 torch threads (the box has 2 cores shared with other jobs), and passive
-    OpenMP waiting: on a loaded box, spinning OpenMP workers make 2 threads 4-8x slower than 1
-    (a descheduled thread stalls its partner at every barrier); must be set before torch loads."""
+    """Offline hub, 2 torch threads (the box has 2 cores shared with other jobs), and the served
+    worker's OpenMP waiting (a short spin, then sleep: ``worker_process.openmp_defaults``); must run
+    before torch loads."""
+    from djl_handlers.server.worker_process import openmp_defaults
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    openmp_defaults(os.environ)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -65,6 +67,7 @@ def context() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
     }
     try:
         import torch

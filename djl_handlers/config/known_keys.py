@@ -69,7 +69,7 @@ HANDLER_OPTION_KEYS: frozenset[str] = frozenset({
     "batch_size",  # server/settings.py: DJL's init call may carry it as an option
     "torch_threads", "max_prefill_tokens",  # engines/hf_engine.py (huggingface, deepspeed)
     # engines/hf_engine.py (huggingface):
-    "hf_step", "cpu_linear", "cpu_fuse_projections", "cpu_attention", "cpu_norm", "cpu_rotary",
+    "hf_step", "cpu_linear", "cpu_fuse_projections", "cpu_attention", "cpu_norm", "cpu_rotary", "cpu_threads",
     "env", "handler", "predict_timeout", "model_loading_timeout",  # server/settings.py
 })
 _HF_FAMILY = ("huggingface", "deepspeed")
@@ -77,7 +77,7 @@ _ENGINE_ONLY_EXTRAS: Mapping[str, tuple[str, ...]] = {
     "torch_threads": _HF_FAMILY, "max_prefill_tokens": _HF_FAMILY,
     "hf_step": ("huggingface",), "cpu_linear": ("huggingface",), "cpu_attention": ("huggingface",),
     "cpu_norm": ("huggingface",), "cpu_fuse_projections": ("huggingface",),
-    "cpu_rotary": ("huggingface",),
+    "cpu_rotary": ("huggingface",), "cpu_threads": ("huggingface",),
 }
 _ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
 

@@ -52,6 +52,7 @@ from djl_handlers.engines.hf_batch import (
     new_slab_cache,
     uses_plain_layers,
 )
+from djl_handlers.engines.hf_cpu_threads import ThreadGovernor
 from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
 from djl_handlers.engines.hf_static import generate_static as static_generate
 from djl_handlers.engines.lora_hf import admits_row, attach_lora, require_lora, use_rows
@@ -135,6 +136,7 @@ class HFEngine:
         self._ids: set[int] = set()
         self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines.lora_hf)
         self._grammars: GrammarBackend | None = None
+        self.threads: ThreadGovernor | None = None  # option.cpu_threads=adaptive on a CPU (hf_cpu_threads)
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
@@ -152,7 +154,9 @@ class HFEngine:
         :mod:`~djl_handlers.engines.hf_cpu_norm`, when its kernel builds; ``torch``), ``cpu_rotary``
         (``fused``, the default: rotary embedding in one C call, bitwise torch's,
         :mod:`~djl_handlers.engines.hf_cpu_rotary`, when its kernel builds; ``torch``) and ``hf_step``
-        (``padded``, the default: this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`).
+        (``padded``, the default: this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`) and
+        ``cpu_threads`` (``adaptive``, the default: fewer torch threads while other processes take the cores,
+        :mod:`~djl_handlers.engines.hf_cpu_threads`; ``fixed``).
         """
         raw = config.raw
         device = config.device
@@ -170,7 +174,11 @@ class HFEngine:
             from djl_handlers.engines.hf_packed import PackedHFEngine
 
             target = PackedHFEngine
-        return attach_lora(config, target.load(
+        cpu_threads = str(raw.get("cpu_threads") or "adaptive").strip().lower()
+        if cpu_threads not in ("adaptive", "fixed"):
+            raise ConfigError(f"option.cpu_threads={cpu_threads!r} is not supported; use adaptive or fixed",
+                              field="option.cpu_threads")
+        engine = attach_lora(config, target.load(
             config,
             device=device,
             attn_implementation=config.hf.attn_implementation,
@@ -184,6 +192,9 @@ class HFEngine:
             max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
             max_model_len=config.max_model_len,
         ))
+        if cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
+            engine.threads = ThreadGovernor(torch.get_num_threads())
+        return engine
 
     @classmethod
     def load(cls, config: Any = None, **kwargs: Any) -> HFEngine:
@@ -222,6 +233,8 @@ class HFEngine:
 
     def step(self) -> list[StepOutput]:
         """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
+        governor = self.threads
+        started = governor.start() if governor is not None else None
         try:
             with torch.inference_mode():
                 outputs = self._advance()
@@ -231,6 +244,8 @@ class HFEngine:
         except Exception:
             self._drop_running()
             raise
+        if governor is not None and started is not None:
+            governor.finish(started)
         return outputs
 
     def _advance(self) -> list[StepOutput]:

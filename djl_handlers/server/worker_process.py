@@ -19,14 +19,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from djl_handlers.io import wire
 from djl_handlers.worker.engine import STARTED_LINE
 
-__all__ = ["StartupError", "WorkerDied", "WorkerProcess", "WorkerSpec"]
+__all__ = ["StartupError", "WorkerDied", "WorkerProcess", "WorkerSpec", "openmp_defaults"]
 
 _LOG = logging.getLogger("djl_handlers.server.worker")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +54,21 @@ class WorkerSpec:
     start_timeout_s: float = 120.0
     env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
+
+
+#: How long an idle OpenMP thread spins before it sleeps (GNU libgomp's unit, ~10-20 µs here). libgomp's
+#: default (300,000) made 2 torch threads 5-8x slower than 1 on a loaded 2-core box; sleeping at once
+#: (``OMP_WAIT_POLICY=PASSIVE``) wakes the partner thread late at every barrier, which made 2 threads
+#: no faster than 1 for a decode step. A short spin is 1.3x PASSIVE on free cores, and the HF engine
+#: drops to fewer threads while other processes take the cores (docs/benchmarks.md, section 11).
+OPENMP_SPIN_COUNT = "1000"
+
+
+def openmp_defaults(env: MutableMapping[str, str]) -> None:
+    """Set the worker's OpenMP waiting in ``env`` unless the user chose it (``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT``): a short spin, then sleep. Must reach the process before torch loads."""
+    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+        env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 
 
 def _pythonpath(model_dir: str) -> str:
@@ -123,10 +138,7 @@ class WorkerProcess:
         env.update(self.spec.env)
         env["PYTHONPATH"] = _pythonpath(self.spec.model_dir)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # The worker shares the CPU with this server process: OpenMP's default busy-waiting made
-        # 2 torch threads 5-8x slower on a loaded 2-core box (docs/benchmarks.md). Set it to ACTIVE
-        # yourself on dedicated cores.
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        openmp_defaults(env)
         return env
 
     def _wait_started(self) -> None:

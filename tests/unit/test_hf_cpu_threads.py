@@ -1,0 +1,192 @@
+"""``option.cpu_threads``: the HF engine's torch thread count follows the cores its steps get
+(engines/hf_cpu_threads.py). The governor runs on injected clocks; the engine tests load the tiny model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from djl_handlers.engines.hf_cpu_threads import ThreadGovernor, used_enough
+
+
+class _Clocks:
+    """Wall and CPU clocks a test advances: each step takes ``step_s`` wall seconds and ``cores``
+    times that in CPU seconds."""
+
+    def __init__(self) -> None:
+        self.wall = 100.0
+        self.cpu = 0.0
+        self.set_calls: list[int] = []
+
+    def governor(self, most: int, **kwargs: Any) -> ThreadGovernor:
+        return ThreadGovernor(most, set_threads=self.set_calls.append, clock=lambda: self.wall,
+                              cpu_clock=lambda: self.cpu, **kwargs)
+
+    def steps(self, governor: ThreadGovernor, cores: float, seconds: float, step_s: float = 0.125,
+              idle_s: float = 0.0) -> None:
+        for _ in range(round(seconds / step_s)):
+            started = governor.start()
+            self.wall += step_s
+            self.cpu += step_s * cores
+            governor.finish(started)
+            self.wall += idle_s  # between steps: not counted
+
+
+def test_threads_that_get_their_cores_are_kept() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2)
+    clocks.steps(governor, cores=1.6, seconds=30)
+    assert governor.threads == 2 and clocks.set_calls == [] and governor.changes == 0
+
+
+def test_a_busy_neighbour_halves_the_threads_after_one_window() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0)
+    clocks.steps(governor, cores=1.0, seconds=0.9)
+    assert governor.threads == 2  # not judged before a full window
+    clocks.steps(governor, cores=1.0, seconds=0.2)
+    assert governor.threads == 1 and clocks.set_calls == [1]
+
+
+def test_time_between_steps_does_not_count() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0)
+    # 0.5 s of steps on 1.8 cores, spread over 10 s of waiting for work: still 1.8 cores
+    clocks.steps(governor, cores=1.8, seconds=1.5, idle_s=1.0)
+    assert governor.threads == 2 and clocks.set_calls == []
+
+
+def test_a_probe_that_is_used_keeps_the_threads() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0, probe_s=8.0)
+    clocks.steps(governor, cores=1.0, seconds=1.0)
+    assert governor.threads == 1
+    clocks.steps(governor, cores=1.0, seconds=7.0)  # 1 thread on its core: no probe before 8 s
+    assert clocks.set_calls == [1]
+    clocks.steps(governor, cores=1.0, seconds=1.1)
+    assert governor.threads == 2 and clocks.set_calls == [1, 2]  # probing
+    clocks.steps(governor, cores=1.7, seconds=30)  # the neighbour has gone
+    assert governor.threads == 2 and clocks.set_calls == [1, 2]
+
+
+def test_failed_probes_go_back_and_wait_longer_each_time() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0, probe_s=8.0, max_probe_s=32.0)
+    clocks.steps(governor, cores=1.0, seconds=1.0)
+    probes: list[float] = []
+    for _ in range(1000):  # 100 s more of a neighbour that never leaves
+        before = len(clocks.set_calls)
+        clocks.steps(governor, cores=1.0, seconds=0.125)
+        if len(clocks.set_calls) > before and clocks.set_calls[-1] == 2:
+            probes.append(clocks.wall)
+    assert governor.threads == 1
+    assert set(clocks.set_calls) == {1, 2} and max(clocks.set_calls) == 2
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert len(probes) >= 3
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # back-off
+    assert max(gaps) <= 32.0 + 2.5  # capped at max_probe_s (plus the probe's own window)
+
+
+def test_never_more_than_it_started_with_and_halving_stops_at_one() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(8, window_s=1.0, probe_s=2.0)
+    clocks.steps(governor, cores=0.9, seconds=10)
+    assert clocks.set_calls[:3] == [4, 2, 1]  # halved window by window
+    assert max(clocks.set_calls) <= 8 and all(t >= 1 for t in clocks.set_calls)
+    clocks.steps(governor, cores=7.9, seconds=60)
+    assert governor.threads == 8 and max(clocks.set_calls) == 8
+
+
+def test_one_thread_is_left_alone() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(1)
+    clocks.steps(governor, cores=0.3, seconds=20)
+    assert governor.threads == 1 and clocks.set_calls == []
+    with pytest.raises(ValueError, match="most=0"):
+        ThreadGovernor(0)
+
+
+@pytest.mark.parametrize(("threads", "cores"), [(2, 1.25), (4, 2.25), (16, 8.25)])
+def test_used_enough_is_more_than_half_a_core_each(threads: int, cores: float) -> None:
+    assert used_enough(threads) == cores
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, {"GOMP_SPINCOUNT": "1000"}),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ({"OMP_WAIT_POLICY": "active"}, {"OMP_WAIT_POLICY": "active"}),
+    ({"GOMP_SPINCOUNT": "0"}, {"GOMP_SPINCOUNT": "0"}),
+])
+def test_the_worker_spins_briefly_unless_the_user_chose(given: dict[str, str], expected: dict[str, str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from djl_handlers.server.worker_process import WorkerProcess, WorkerSpec, openmp_defaults
+
+    env = dict(given)
+    openmp_defaults(env)
+    assert env == expected
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    worker_env = WorkerProcess(WorkerSpec("/nowhere", "djl_handlers.huggingface", {}, env=given))._env()
+    assert {k: worker_env[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in worker_env} == expected
+
+
+# -- the engine option ---------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from djl_handlers.config.models import ServingConfig  # noqa: E402
+from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
+from djl_handlers.errors import ConfigError  # noqa: E402
+
+pytest_plugins = ["conftest_models"]
+
+
+@pytest.fixture
+def two_threads() -> Any:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _engine(tiny_dir: Any, **options: str) -> HFEngine:
+    config = ServingConfig.from_properties({"model_id": str(tiny_dir), "rolling_batch": "auto", **options},
+                                           engine="huggingface")
+    return HFEngine.from_config(config)
+
+
+def test_the_hf_engine_adapts_its_threads_by_default_on_the_cpu(tiny_dir: Any, two_threads: None) -> None:
+    engine = _engine(tiny_dir)
+    assert isinstance(engine.threads, ThreadGovernor) and engine.threads.most == 2
+    assert _engine(tiny_dir, cpu_threads="FIXED").threads is None
+
+
+def test_one_thread_needs_no_governor(tiny_dir: Any) -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert _engine(tiny_dir).threads is None
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_unknown_cpu_threads_value_is_named(tiny_dir: Any) -> None:
+    with pytest.raises(ConfigError, match="option.cpu_threads='sometimes'") as info:
+        _engine(tiny_dir, cpu_threads="sometimes")
+    assert info.value.field == "option.cpu_threads"
+
+
+def test_steps_feed_the_governor(tiny_dir: Any, two_threads: None) -> None:
+    from djl_handlers.engines.base import EngineRequest
+    from djl_handlers.params.generation import GenerationParameters
+
+    engine = _engine(tiny_dir)
+    calls: list[int] = []
+    ticks = iter(range(1000))  # each clock read 1 s later, no CPU used: the threads are not running
+    engine.threads = ThreadGovernor(2, window_s=0.5, set_threads=calls.append, clock=lambda: float(next(ticks)),
+                                    cpu_clock=lambda: 0.0)
+    engine.add_request(EngineRequest(1, [1, 2, 3], GenerationParameters(max_new_tokens=3)))
+    engine.step()
+    assert calls == [1] and engine.threads.threads == 1
