@@ -45,6 +45,7 @@ __all__ = [
     "reply_of",
     "single_frame",
     "split_batch",
+    "step_records",
 ]
 
 
@@ -155,6 +156,7 @@ class BatchFailure(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.slots: list[FrontEndSlot] = []  # the requests it fails, where the caller needs them
 
 
 def _split_properties(properties: Mapping[str, str], size: int) -> tuple[dict[str, str], list[dict[str, str]]]:
@@ -253,6 +255,23 @@ class FrontEndSlot:
     finished: bool = False
 
 
+def step_records(frame: wire.OutputFrame, size: int) -> tuple[list[Record], list[dict[str, str]]]:
+    """A rolling step's reply for ``size`` requests: one record and one header dict per request, by
+    position; :class:`BatchFailure` when the reply is not a 200 with one decodable record each."""
+    content = frame.content
+    if frame.code != 200 or content is None or len(content) != size:
+        if frame.code != 200:
+            raise BatchFailure(frame.code, f"Batch inference failed: {frame.message}")
+        actual = "a stream" if content is None else len(content)
+        raise BatchFailure(500, f"Batch output size mismatch, expected: {size}, actual: {actual}")
+    _, per = _split_properties(frame.properties, size)
+    try:
+        records = [decode_record(blob) for _, blob in content]
+    except (ValueError, KeyError) as exc:
+        raise BatchFailure(500, f"Batch inference failed: undecodable record: {exc}") from exc
+    return records, per
+
+
 class FrontEndBatch:
     """``RollingBatch.java``'s list and frame building, driven by the caller one step at a time:
     the front end's half of the rolling batch (the handler's half is ``scheduling.rolling.RollingBatch``;
@@ -303,20 +322,11 @@ class FrontEndBatch:
         ``reset_rollingbatch``) when the reply is not a 200 with one record per slot; the caller then
         fails every slot and calls :meth:`clear`.
         """
-        size = len(self.slots)
-        content = frame.content
-        if frame.code != 200 or content is None or len(content) != size:
-            self.reset = True
-            if frame.code != 200:
-                raise BatchFailure(frame.code, f"Batch inference failed: {frame.message}")
-            actual = "a stream" if content is None else len(content)
-            raise BatchFailure(500, f"Batch output size mismatch, expected: {size}, actual: {actual}")
-        _, per = _split_properties(frame.properties, size)
         try:
-            records = [decode_record(blob) for _, blob in content]
-        except (ValueError, KeyError) as exc:
+            records, per = step_records(frame, len(self.slots))
+        except BatchFailure:
             self.reset = True
-            raise BatchFailure(500, f"Batch inference failed: undecodable record: {exc}") from exc
+            raise
         results = [(slot, records[i], per[i]) for i, slot in enumerate(self.slots)]
         self.slots = [slot for slot, record, _ in results if not record.last]
         for slot, record, _ in results:

@@ -6,11 +6,16 @@ drivers:
 * dynamic batching: gather up to ``batch_size`` requests for up to ``max_batch_delay`` ms, send one
   frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk.
   The exchange runs on one dedicated thread (``run_in_executor`` on a single-thread pool);
-* rolling batch: :class:`.protocol.FrontEndBatch` steps over the in-flight list until each slot's
-  record says ``last``; at most ``max_rolling_batch_size`` slots, the rest wait in the queue. Each
-  step's exchange runs on the event loop itself (:mod:`.loop_exchange`), and step n+1 is sent before
-  step n's records are delivered (docs/benchmarks.md, section 4). Control calls (adapters) and
-  restarts stay on the thread; an asyncio lock keeps them between steps.
+* rolling batch, driven by the worker (:mod:`.worker_steps`): the worker keeps the in-flight list and
+  steps while it holds requests; the front end sends it deltas (new requests, at most
+  ``max_rolling_batch_size`` in flight, the rest wait in the queue; cancellations) over a channel on
+  the event loop (:mod:`.worker_channel`) and delivers each step's records as they arrive. Control
+  calls (adapters) and restarts stay on the thread: the worker is paused between steps and the
+  channel closed while they run; an asyncio lock keeps them apart;
+* rolling batch with a worker that is not ours (``DJL_HANDLERS_WORKER_SCRIPT``, e.g. DJL's own
+  ``djl_python_engine.py``): DJL's protocol, :class:`.protocol.FrontEndBatch` building every step's
+  frame, the exchange on the event loop (:mod:`.loop_exchange`), step n+1 sent before step n's
+  records are delivered (docs/benchmarks.md, section 4).
 
 A worker that dies fails only the requests it held (error chunk or 500 JSON) and is restarted with
 the init call. :meth:`ModelRuntime.drain` implements graceful shutdown.
@@ -19,6 +24,7 @@ the init call. :meth:`ModelRuntime.drain` implements graceful shutdown.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +47,9 @@ from djl_handlers.server.protocol import (
 from djl_handlers.server.settings import ServerSettings
 from djl_handlers.server.sink import ResponseSink, error_json
 from djl_handlers.server.telemetry import Telemetry
+from djl_handlers.server.worker_channel import StepChannel
 from djl_handlers.server.worker_process import StartupError, WorkerDied, WorkerProcess, WorkerSpec
+from djl_handlers.server.worker_steps import PAUSED, Delta, apply_reply, delta_frame
 
 __all__ = ["ModelRuntime", "QueueFull", "ShuttingDown"]
 
@@ -84,7 +92,13 @@ class ModelRuntime:
         self.in_flight = 0
         self.outstanding: set[ResponseSink] = set()
         self._queue: deque[tuple[WorkerRequest, ResponseSink]] = deque()
-        self._batcher = FrontEndBatch(settings.handler, settings.max_rolling_batch_size)
+        self._batcher = FrontEndBatch(settings.handler, settings.max_rolling_batch_size)  # DJL's protocol
+        self._view: dict[str, FrontEndSlot] = {}  # rolling: requests the worker holds, by slot id
+        self._slot_ids = itertools.count(1)
+        self._cancels_sent: set[str] = set()
+        self._paused = False  # the worker answered a pause and runs no step until the next delta
+        self._last_was_pause = False
+        self._pauses_unanswered = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="djlh-worker-io")
         self._wake: asyncio.Event | None = None
         self._io_lock = asyncio.Lock()  # one worker exchange at a time: a rolling step or a control call
@@ -117,20 +131,25 @@ class ModelRuntime:
     async def control(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> wire.OutputFrame:
         """One non-inference call (adapter management) on the worker thread, between batch steps."""
         loop = asyncio.get_running_loop()
-        self._controls += 1  # the rolling loop sends no step ahead while a control call waits
+        self._controls += 1  # the rolling loop pauses the worker and closes its channel for it
+        self._poke()
         try:
             async with self._io_lock:
                 frame: wire.OutputFrame = await loop.run_in_executor(
                     self._executor, self._call_drained, properties, content)
         finally:
             self._controls -= 1
+            self._poke()
         return frame
 
     def attach(self) -> None:
         """Start the scheduling loop and the worker watchdog on the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        loop_fn = self._rolling_loop if self.settings.rolling else self._dynamic_loop
+        if not self.settings.rolling:
+            loop_fn = self._dynamic_loop
+        else:
+            loop_fn = self._delta_loop if self.worker.drives_steps() else self._step_loop
         self._tasks = [asyncio.create_task(loop_fn()), asyncio.create_task(self._watchdog())]
 
     async def close(self) -> None:
@@ -305,8 +324,113 @@ class ModelRuntime:
 
     # ------------------------------------------------------------------ rolling batch
 
-    async def _rolling_loop(self) -> None:
-        """Step the batch, the worker exchange on the loop (:mod:`.loop_exchange`); the next step
+    async def _delta_loop(self) -> None:
+        """The worker-driven rolling batch (:mod:`.worker_steps`): the worker steps on its own while
+        it holds requests; this loop sends it deltas (new requests, cancellations, a pause before a
+        control call) and delivers each step's records as its reply arrives. It holds the I/O lock
+        while the channel is open."""
+        assert self._wake is not None
+        channel: StepChannel | None = None
+        try:
+            while True:
+                self._wake.clear()
+                if channel is not None:
+                    self._take_replies(channel)
+                    if channel.failure is not None:
+                        self._lost(channel, channel.failure)
+                        channel = None
+                if channel is not None and self._paused and self._controls:
+                    channel.close()  # the worker waits between steps: the control call may use the socket
+                    channel = None
+                    self._io_lock.release()
+                if channel is None:
+                    if not self.worker.alive():
+                        await self._restart()
+                        continue
+                    if not self._controls and (self._view or self._admissible()):
+                        await self._io_lock.acquire()
+                        assert self._loop is not None
+                        channel = StepChannel(self._loop, self.worker, self._poke)
+                        continue
+                    await self._wake.wait()
+                    continue
+                self._send_delta(channel)
+                channel.expect(bool(self._view) or self._pauses_unanswered > 0)
+                self.in_flight = len(self._view)
+                await self._wake.wait()
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def _admissible(self) -> bool:
+        return bool(self._queue) and len(self._view) < self.settings.max_rolling_batch_size
+
+    def _send_delta(self, channel: StepChannel) -> None:
+        """Admit waiting requests while there is room and pass on cancellations (or resume a paused
+        worker); while a control call waits, only pause the worker. Nothing when nothing changed."""
+        handler = self.settings.handler
+        if self._controls:  # nothing else until the control call has run: the worker must stay paused
+            if not self._paused and not self._last_was_pause:
+                self._send(channel, Delta(handler, pause=True))
+            return
+        new: list[tuple[str, WorkerRequest]] = []
+        while len(self._view) < self.settings.max_rolling_batch_size:
+            slot = self._next_admitted()
+            if slot is None:
+                break
+            slot_id = str(next(self._slot_ids))
+            self._view[slot_id] = slot
+            new.append((slot_id, slot.request))
+        sent = self._cancels_sent
+        cancel = [slot_id for slot_id, slot in self._view.items() if slot.cancelled and slot_id not in sent]
+        if new or cancel or (self._paused and self._view):
+            self._send(channel, Delta(handler, new, cancel))
+            sent.update(cancel)
+            if len(sent) > 2 * len(self._view):
+                sent.intersection_update(self._view)
+
+    def _send(self, channel: StepChannel, delta: Delta) -> None:
+        channel.send(delta_frame(delta))
+        self._last_was_pause = delta.pause
+        self._pauses_unanswered += delta.pause
+        self._paused = False  # any delta ends a pause; a pause holds from its answer on
+
+    def _take_replies(self, channel: StepChannel) -> None:
+        """Deliver every reply the channel has parsed."""
+        frames = channel.frames
+        while frames:
+            frame = frames.popleft()
+            if PAUSED in frame.properties:  # paused if this answers the last delta sent
+                self._pauses_unanswered -= 1
+                self._paused = self._pauses_unanswered == 0 and self._last_was_pause
+                continue
+            try:
+                results = apply_reply(frame, self._view)
+            except BatchFailure as exc:
+                self._fail_slots(exc.slots, exc.code, exc.message)
+                continue
+            except ValueError as exc:
+                channel.fail(f"the worker broke the step protocol: {exc}")
+                return
+            self.telemetry.rolling_step(results, frame.properties, len(results))
+            for slot, record, headers in results:
+                self._deliver(slot, record, headers)
+        self.in_flight = len(self._view)
+
+    def _lost(self, channel: StepChannel, why: str) -> None:
+        """The worker died or stopped answering: fail every request it held; release the I/O lock."""
+        channel.close()
+        self._fail_slots(list(self._view.values()), 500, why)
+        self._view.clear()
+        self._cancels_sent.clear()
+        self._paused = self._last_was_pause = False
+        self._pauses_unanswered = 0
+        self.in_flight = 0
+        self._io_lock.release()
+
+    async def _step_loop(self) -> None:
+        """DJL's protocol, for a worker that is not ours (``DJL_HANDLERS_WORKER_SCRIPT``): step the
+        batch, the worker exchange on the loop (:mod:`.loop_exchange`); the next step
         goes to the worker *before* this step's records are delivered, so that the worker computes
         step n+1 while the loop writes step n's chunks."""
         batcher = self._batcher
@@ -356,14 +480,23 @@ class ModelRuntime:
 
     def _admit(self) -> None:
         batcher = self._batcher
-        while self._queue and batcher.has_room():
+        while batcher.has_room():
+            slot = self._next_admitted()
+            if slot is None:
+                return
+            batcher.add(slot)
+
+    def _next_admitted(self) -> FrontEndSlot | None:
+        """The next waiting request that is still wanted, as a slot; ``None`` when none waits."""
+        while self._queue:
             request, sink = self._queue.popleft()
             if sink.done:
                 continue
             slot = FrontEndSlot(request=WorkerRequest(request.properties, [("data", request.data())]), owner=sink)
             sink.slot = slot
             self.telemetry.admitted(sink.trace)
-            batcher.add(slot)
+            return slot
+        return None
 
     def _call_drained(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> Any:
         """Worker thread: one step; a (wrong) streamed reply is read to its end to keep the socket sane."""

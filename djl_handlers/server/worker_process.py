@@ -119,6 +119,12 @@ class WorkerProcess:
         self._init()
         self.ready = True
 
+    @staticmethod
+    def drives_steps() -> bool:
+        """True when the worker is ours (``python -m djl_handlers.worker``), which runs rolling steps on its
+        own (:mod:`.worker_steps`); a ``DJL_HANDLERS_WORKER_SCRIPT`` worker speaks DJL's protocol only."""
+        return not os.environ.get("DJL_HANDLERS_WORKER_SCRIPT")
+
     def _command(self, sock_path: str) -> list[str]:
         script = os.environ.get("DJL_HANDLERS_WORKER_SCRIPT")
         head = [self.spec.python, script] if script else [self.spec.python, "-m", "djl_handlers.worker"]
@@ -223,7 +229,7 @@ class WorkerProcess:
     # ------------------------------------------------------------------ calls
 
     def connection(self) -> socket.socket | None:
-        """The connected socket while the process runs (for :mod:`.loop_exchange`), else ``None``."""
+        """The connected socket while the process runs (for :mod:`.worker_channel`), else ``None``."""
         if self._sock is None or self.process is None or self.process.poll() is not None:
             return None
         return self._sock

@@ -8,7 +8,9 @@ this worker and ``djl-handlers serve`` can start DJL's:
 2. accept one connection (30 s timeout);
 3. loop: read an ``Input`` frame, add properties ``device_id`` (and ``tensor_parallel_degree`` when
    given on the command line), call the handler (see :mod:`.loader`), send the ``Output`` frame, run
-   its ``execute_finalize()``; exit 0 at end of stream.
+   its ``execute_finalize()``; exit 0 at end of stream. ``djl-handlers serve`` also sends delta frames
+   of a worker-driven rolling batch (:mod:`djl_handlers.server.worker_steps`): between frames the
+   worker then runs steps on its own.
 
 Unlike DJL we never SIGKILL a pid found in an old pid file: we only overwrite it.
 """
@@ -26,8 +28,9 @@ from typing import Any
 
 from djl_handlers.errors import message_of, output_error_body
 from djl_handlers.io import wire
-from djl_handlers.io.compat import input_from_frame
+from djl_handlers.server.worker_steps import DELTA
 from djl_handlers.worker.loader import HandlerService
+from djl_handlers.worker.stepping import FrameReader, Stepper, frame_input
 
 __all__ = ["STARTED_LINE", "build_parser", "main", "serve_connection"]
 
@@ -101,24 +104,59 @@ def _send(conn: socket.socket, output: Any) -> None:
             [(None, json.dumps(body).encode("utf-8"))]))
 
 
+def _encode(output: Any) -> bytes:
+    """``output`` as one reply frame in memory (a rolling step's); an error reply if it cannot be encoded."""
+    collected = _Collected()
+    try:
+        output.send(collected)
+    except Exception as exc:
+        _LOG.exception("cannot encode the handler's Output")
+        body = output_error_body(424, f"cannot encode the handler's Output: {message_of(exc)}")
+        return wire.encode_output_frame(424, "prediction failure", {"content-type": "application/json"},
+                                        [(None, json.dumps(body).encode("utf-8"))])
+    return b"".join(collected.parts)
+
+
+class _Collected:
+    """A ``sendall`` target that keeps the bytes."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.parts.append(bytes(data))
+
+
+def _finalize(output: Any) -> None:
+    finalize = getattr(output, "execute_finalize", None)
+    if callable(finalize):
+        try:
+            finalize()
+        except Exception:
+            _LOG.exception("execute_finalize failed")
+
+
 def serve_connection(conn: socket.socket, service: HandlerService, extra: dict[str, str]) -> None:
-    """Answer request frames on ``conn`` until the peer closes it."""
-    stream = conn.makefile("rb")
+    """Answer request frames on ``conn`` until the peer closes it; between frames, run the steps of
+    a worker-driven rolling batch (:mod:`djl_handlers.worker.stepping`) while it has requests."""
+    reader = FrameReader(conn)
+    stepper = Stepper(lambda properties, content: service.invoke(frame_input(properties, content, extra)),
+                      _encode, conn.sendall)
     while True:
         try:
-            properties, content = wire.read_input_frame(stream)
+            frame = reader.next(block=not stepper.running)
         except EOFError:
             return
-        properties.update(extra)
-        inputs = input_from_frame(properties, content)
-        output = service.invoke(inputs)
+        if frame is None:  # nothing waiting: the next step
+            _finalize(stepper.step())
+            continue
+        properties, content = frame
+        if DELTA in properties:
+            stepper.take(properties, content)
+            continue
+        output = service.invoke(frame_input(properties, content, extra))
         _send(conn, output)
-        finalize = getattr(output, "execute_finalize", None)
-        if callable(finalize):
-            try:
-                finalize()
-            except Exception:
-                _LOG.exception("execute_finalize failed")
+        _finalize(output)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

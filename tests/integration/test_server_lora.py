@@ -215,3 +215,30 @@ def test_unregister_during_a_running_stream_lets_it_finish(tiny_server: Any, tin
         assert "a" not in [a["name"] for a in client.get(f"/models/{name}/adapters").json()["adapters"]]
     # the worker deferred the unload because the stream was still running (its log says so)
     assert "adapter a unregistered; unloading it when its running requests finish" in server.log_path.read_text()
+
+
+def test_control_calls_between_steps_leave_running_streams_intact(tiny_server: Any, tiny_model: Any) -> None:  # noqa: F811
+    """Each register/unregister pauses the worker-driven batch between two steps, runs on the socket
+    alone and resumes it: the streams running meanwhile still equal generate() token for token."""
+    server, folders, _, _ = tiny_server
+    model, tok = tiny_model
+    tokens = 40
+    want = [tok.decode(merged_generate(model, tok, p, tokens, None), skip_special_tokens=True) for p in PROMPTS]
+    name = server.name
+
+    def stream(prompt: str) -> str:
+        body = {"inputs": prompt, "stream": True, "parameters": {"max_new_tokens": tokens}}
+        with server.client() as client, client.stream("POST", "/invocations", json=body) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        return str(json.loads(lines[-1])["generated_text"])
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool, server.client() as client:
+        running = [pool.submit(stream, p) for p in PROMPTS]
+        statuses = []
+        for _ in range(4):
+            statuses.append(_register(client, name, "b", folders["b"]).status_code)
+            statuses.append(client.delete(f"/models/{name}/adapters/b").status_code)
+        texts = [future.result(timeout=120) for future in running]
+    assert statuses == [200] * 8
+    assert texts == want
