@@ -99,6 +99,8 @@ class ModelRuntime:
         self._paused = False  # the worker answered a pause and runs no step until the next delta
         self._last_was_pause = False
         self._pauses_unanswered = 0
+        self._replies_seen = 0  # step replies taken from this worker (the worker steps <= WINDOW ahead)
+        self._ack_sent = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="djlh-worker-io")
         self._wake: asyncio.Event | None = None
         self._io_lock = asyncio.Lock()  # one worker exchange at a time: a rolling step or a control call
@@ -345,6 +347,7 @@ class ModelRuntime:
                     self._io_lock.release()
                 if channel is None:
                     if not self.worker.alive():
+                        self._drop_all("the worker process died")  # e.g. during a control call
                         await self._restart()
                         continue
                     if not self._controls and (self._view or self._admissible()):
@@ -383,17 +386,22 @@ class ModelRuntime:
             new.append((slot_id, slot.request))
         sent = self._cancels_sent
         cancel = [slot_id for slot_id, slot in self._view.items() if slot.cancelled and slot_id not in sent]
-        if new or cancel or (self._paused and self._view):
-            self._send(channel, Delta(handler, new, cancel))
+        resume = self._paused and bool(self._view)
+        ack = self._replies_seen if self._replies_seen != self._ack_sent else None
+        if new or cancel or resume or ack is not None:
+            self._send(channel, Delta(handler, new, cancel, resume=resume, ack=ack))
             sent.update(cancel)
             if len(sent) > 2 * len(self._view):
                 sent.intersection_update(self._view)
 
     def _send(self, channel: StepChannel, delta: Delta) -> None:
         channel.send(delta_frame(delta))
+        if delta.ack is not None:
+            self._ack_sent = delta.ack
         self._last_was_pause = delta.pause
         self._pauses_unanswered += delta.pause
-        self._paused = False  # any delta ends a pause; a pause holds from its answer on
+        if delta.resumes:
+            self._paused = False  # a pause holds from its answer to the next resuming delta
 
     def _take_replies(self, channel: StepChannel) -> None:
         """Deliver every reply the channel has parsed."""
@@ -404,6 +412,7 @@ class ModelRuntime:
                 self._pauses_unanswered -= 1
                 self._paused = self._pauses_unanswered == 0 and self._last_was_pause
                 continue
+            self._replies_seen += 1  # acknowledged with the next delta (the worker's window)
             try:
                 results = apply_reply(frame, self._view)
             except BatchFailure as exc:
@@ -420,13 +429,17 @@ class ModelRuntime:
     def _lost(self, channel: StepChannel, why: str) -> None:
         """The worker died or stopped answering: fail every request it held; release the I/O lock."""
         channel.close()
+        self._drop_all(why)
+        self._io_lock.release()
+
+    def _drop_all(self, why: str) -> None:
+        """Fail every request the (dead) worker held and forget its state."""
         self._fail_slots(list(self._view.values()), 500, why)
         self._view.clear()
         self._cancels_sent.clear()
         self._paused = self._last_was_pause = False
-        self._pauses_unanswered = 0
+        self._pauses_unanswered = self._replies_seen = self._ack_sent = 0
         self.in_flight = 0
-        self._io_lock.release()
 
     async def _step_loop(self) -> None:
         """DJL's protocol, for a worker that is not ours (``DJL_HANDLERS_WORKER_SCRIPT``): step the

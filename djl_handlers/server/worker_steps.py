@@ -10,8 +10,11 @@ while the list is not empty; the front end only sends what changes:
 
 * a **delta** frame (property ``djlh_delta``): new requests (``djlh_new``: their ids, in order; each
   with ``batch_NNN.``-prefixed properties and ``batch_NNN.data`` as in DJL's step frame), cancelled
-  ids (``djlh_cancel``) and ``djlh_pause`` (answer with a ``djlh_paused`` frame and stop stepping until
-  the next delta: the front end pauses the worker before a control call such as adapter registration);
+  ids (``djlh_cancel``), ``djlh_pause`` (answer with a ``djlh_paused`` frame and stop stepping until a
+  delta with new requests, cancellations or ``djlh_resume``: the front end pauses the worker before a
+  control call such as adapter registration) and ``djlh_ack``, the number of step replies the front
+  end has delivered so far: the worker runs at most :data:`WINDOW` steps ahead of it, so that a front
+  end slower than the worker (many clients) gets fresh replies instead of a socket full of old ones;
 * every **step reply** is DJL's step reply plus ``djlh_slots``: the ids of the requests it answers, in
   record order, so the front end matches records by id whatever deltas crossed the step on the wire.
 
@@ -35,13 +38,20 @@ from djl_handlers.server.protocol import (
     step_records,
 )
 
-__all__ = ["DELTA", "PAUSED", "SLOTS", "Delta", "apply_reply", "delta_frame", "paused_frame", "read_delta"]
+__all__ = ["DELTA", "PAUSED", "SLOTS", "WINDOW", "Delta", "apply_reply", "delta_frame", "paused_frame", "read_delta"]
+
+#: Step replies the worker may send beyond the last one the front end acknowledged (``djlh_ack``). At 64
+#: clients on the fake engine the front end is the slower side; without a bound the worker filled the
+#: socket with ~20 replies and a new request's first token waited behind them (TTFT p99 59 ms).
+WINDOW = 3
 
 DELTA = "djlh_delta"
 NEW = "djlh_new"
 CANCEL = "djlh_cancel"
 PAUSE = "djlh_pause"
 PAUSED = "djlh_paused"
+RESUME = "djlh_resume"
+ACK = "djlh_ack"
 SLOTS = "djlh_slots"
 
 
@@ -53,6 +63,13 @@ class Delta:
     new: list[tuple[str, WorkerRequest]] = field(default_factory=list)
     cancel: list[str] = field(default_factory=list)
     pause: bool = False
+    resume: bool = False
+    ack: int | None = None
+
+    @property
+    def resumes(self) -> bool:
+        """Whether the worker steps again after it (a pause holds through acknowledgements only)."""
+        return bool(self.new or self.cancel or self.resume)
 
 
 def delta_frame(delta: Delta) -> Frame:
@@ -70,6 +87,10 @@ def delta_frame(delta: Delta) -> Frame:
         properties[CANCEL] = ",".join(delta.cancel)
     if delta.pause:
         properties[PAUSE] = "1"
+    if delta.resume:
+        properties[RESUME] = "1"
+    if delta.ack is not None:
+        properties[ACK] = str(delta.ack)
     return properties, content
 
 
@@ -85,7 +106,9 @@ def read_delta(properties: Mapping[str, str], content: Content) -> Delta:
         own = {key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)}
         new.append((slot_id, WorkerRequest(own, [("data", bodies[prefix + "data"])])))
     cancel = [x for x in properties.get(CANCEL, "").split(",") if x]
-    return Delta(properties.get("handler") or "handle", new, cancel, PAUSE in properties)
+    ack = properties.get(ACK)
+    return Delta(properties.get("handler") or "handle", new, cancel, PAUSE in properties, RESUME in properties,
+                 int(ack) if ack is not None else None)
 
 
 def paused_frame() -> bytes:

@@ -17,7 +17,7 @@ from typing import Any
 from djl_handlers.io import wire, wire_inplace
 from djl_handlers.io.compat import input_from_frame
 from djl_handlers.server.protocol import BatchFailure, Content, FrontEndBatch, FrontEndSlot
-from djl_handlers.server.worker_steps import SLOTS, paused_frame, read_delta
+from djl_handlers.server.worker_steps import SLOTS, WINDOW, paused_frame, read_delta
 
 __all__ = ["FrameReader", "Stepper"]
 
@@ -58,17 +58,22 @@ class Stepper:
     handler on one step frame and returns the encoded reply; ``send`` writes bytes to the front end."""
 
     def __init__(self, invoke: Callable[[dict[str, str], Content], Any], encode: Callable[[Any], bytes],
-                 send: Callable[[bytes], None]) -> None:
+                 send: Callable[[bytes], None], window: int = WINDOW) -> None:
         self._invoke = invoke
         self._encode = encode
         self._send = send
+        self.window = window
         self.batch: FrontEndBatch | None = None
         self.paused = False
+        self.steps_sent = 0
+        self.acked = 0
 
     @property
     def running(self) -> bool:
-        """True while there is a step to run."""
-        return self.batch is not None and bool(self.batch.slots) and not self.paused
+        """True while there is a step to run: requests held, not paused, and fewer than ``window``
+        replies unacknowledged by the front end."""
+        return (self.batch is not None and bool(self.batch.slots) and not self.paused
+                and self.steps_sent - self.acked < self.window)
 
     def take(self, properties: dict[str, str], content: Content) -> None:
         """Apply one delta frame: new requests join the list, cancelled ones are flagged (their next
@@ -85,9 +90,13 @@ class Stepper:
             for slot in batch.slots:
                 if slot.owner in cancelled:
                     slot.cancelled = True
-        self.paused = delta.pause
+        if delta.ack is not None:
+            self.acked = max(self.acked, delta.ack)
         if delta.pause:
+            self.paused = True
             self._send(paused_frame())
+        elif delta.resumes:
+            self.paused = False
 
     def step(self) -> Any:
         """Run one step over the list and send its reply (with ``djlh_slots``); returns the handler's
@@ -110,6 +119,7 @@ class Stepper:
             frame.properties[SLOTS] = ids
             data = wire.encode_output_frame(frame.code, frame.message, frame.properties, frame.content or [])
         self._send(data)
+        self.steps_sent += 1
         try:
             batch.apply(frame)
         except BatchFailure as exc:

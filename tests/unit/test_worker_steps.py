@@ -133,12 +133,16 @@ def _worker_thread(conn: socket.socket, delay: float = 0.0) -> threading.Thread:
     return thread
 
 
+_ACKS: dict[StepChannel, int] = {}
+
+
 async def _collect(channel: StepChannel, view: dict[str, FrontEndSlot], event: asyncio.Event,
                    texts: dict[str, str], others: list[wire.OutputFrame], until: Any) -> None:
     """Apply step replies (their records' text to ``texts``; other frames to ``others``) until ``until()``."""
     deadline = time.monotonic() + 10
     while True:
         event.clear()
+        taken = 0
         while channel.frames:
             frame = channel.frames.popleft()
             if SLOTS not in frame.properties:
@@ -147,6 +151,10 @@ async def _collect(channel: StepChannel, view: dict[str, FrontEndSlot], event: a
             ids = frame.properties[SLOTS].split(",")
             for slot_id, (_, record, _) in zip(ids, apply_reply(frame, view), strict=True):
                 texts[slot_id] = texts.get(slot_id, "") + record.data
+            taken += 1
+        if taken:  # the worker runs at most WINDOW steps ahead of these acknowledgements
+            _ACKS[channel] = _ACKS.get(channel, 0) + taken
+            channel.send(delta_frame(Delta("handle", ack=_ACKS[channel])))
         if until():
             return
         assert time.monotonic() < deadline, "timed out"
@@ -235,3 +243,49 @@ def test_a_worker_that_dies_or_sends_garbage_is_a_failure(answer: bytes, expecte
     assert failure is not None and expected in failure and worker.killed
     ours.close()
     other.close()
+
+
+def test_the_worker_runs_at_most_window_steps_ahead_of_the_acknowledgements() -> None:
+    from djl_handlers.server.worker_steps import WINDOW
+
+    ours, other = socket.socketpair()
+    ours.settimeout(5.0)
+    thread = _worker_thread(other)
+
+    async def main() -> tuple[int, int]:
+        event = asyncio.Event()
+        channel = StepChannel(asyncio.get_running_loop(), _Worker(ours), event.set)  # type: ignore[arg-type]
+        channel.send(delta_frame(Delta("handle", [("1", _request(100))])))
+        await asyncio.sleep(0.3)  # nothing acknowledged: the worker stops after WINDOW replies
+        first = len(channel.frames)
+        channel.send(delta_frame(Delta("handle", ack=1)))  # one more step allowed
+        await asyncio.sleep(0.3)
+        second = len(channel.frames)
+        channel.close()
+        return first, second
+
+    first, second = asyncio.run(main())
+    ours.close()
+    thread.join(5)
+    assert (first, second) == (WINDOW, WINDOW + 1)
+
+
+def test_acknowledgements_alone_do_not_end_a_pause() -> None:
+    from djl_handlers.worker.stepping import Stepper
+
+    sent: list[bytes] = []
+    stepper = Stepper(lambda p, c: None, lambda o: b"", sent.append, window=2)
+    stepper.take(*delta_frame(Delta("handle", [("1", _request(3))])))
+    assert stepper.running
+    stepper.steps_sent = 2
+    assert not stepper.running  # two replies unacknowledged
+    stepper.take(*delta_frame(Delta("handle", ack=1)))
+    assert stepper.running and stepper.acked == 1
+    stepper.take(*delta_frame(Delta("handle", pause=True)))
+    assert not stepper.running and len(sent) == 1  # the pause is answered at once
+    stepper.take(*delta_frame(Delta("handle", ack=2)))
+    assert not stepper.running and stepper.paused
+    stepper.take(*delta_frame(Delta("handle", resume=True)))
+    assert stepper.running
+    stepper.take(*delta_frame(Delta("handle", ack=0)))
+    assert stepper.acked == 2  # never goes back
