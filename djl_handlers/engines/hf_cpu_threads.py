@@ -6,38 +6,56 @@ runs on one of the cores, the descheduled thread stalls its partner at every bar
 are slower than 1 (docs/benchmarks.md, section 11: a bf16 decode step at 32 rows took 86-95 ms with 2
 threads against 77-87 ms with 1 while one busy process shared the 2 cores; 56 against 77 ms without it).
 
-:class:`ThreadGovernor` watches how many cores the steps actually get: the process's CPU seconds over
-the steps' wall seconds, per window of about a second of steps (time between steps does not count).
-Threads that get less than half a core each are not running in parallel, so the count is halved; every
-``probe_s`` seconds (doubling up to ``max_probe_s`` while probes keep failing) it tries twice as many
-again for one window and keeps them if they are used. It never goes above the count it started with.
+:class:`ThreadGovernor` asks the kernel: the time this process's threads spent runnable but waiting
+for a CPU (``/proc/self/task/*/schedstat``, second field), per second of steps, over windows of about a
+second of steps. On free cores that is under 1 % (0.006-0.008 s per s measured); with a busy process
+on one of the 2 cores and 2 threads it was 0.65. Above :data:`WAITING` the count is halved; every
+``probe_s`` seconds (doubling up to ``max_probe_s`` while probes keep failing) twice as many are tried
+for one window and kept if they do not wait. It never goes above the count it started with. (A first
+version compared CPU seconds with wall seconds; small batches use 2 threads poorly on free cores too,
+so it dropped to 1 thread at the wrong times.)
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
-__all__ = ["ThreadGovernor", "used_enough"]
+__all__ = ["WAITING", "ThreadGovernor", "run_queue_seconds"]
 
 LOG = logging.getLogger(__name__)
 
+#: Seconds waited for a CPU per second of steps above which the threads are too many.
+WAITING = 0.25
 
-def used_enough(threads: int) -> float:
-    """The cores ``threads`` threads must get to be kept: more than half a core each (2 threads:
-    1.25 cores; a decode step with 2 threads on free cores gets 1.4-1.6, with a busy neighbour ~1.0)."""
-    return threads / 2 + 0.25
+
+def run_queue_seconds() -> float | None:
+    """Seconds this process's threads have spent runnable but not running (``schedstat``); ``None``
+    where the kernel does not report it."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat", encoding="ascii") as handle:
+                total += int(handle.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 class ThreadGovernor:
     """Adapt the torch thread count to the cores the steps get. Call :meth:`start` before a step and
-    :meth:`finish` with its result after; both are cheap (two clock reads)."""
+    :meth:`finish` with its result after: one clock read each, plus ``waited()`` once per window."""
 
     def __init__(self, most: int, *, window_s: float = 1.0, probe_s: float = 8.0, max_probe_s: float = 64.0,
                  set_threads: Callable[[int], None] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 cpu_clock: Callable[[], float] = time.process_time) -> None:
+                 waited: Callable[[], float | None] = run_queue_seconds) -> None:
         if most < 1:
             raise ValueError(f"most={most} must be at least 1")
         self.most = most
@@ -47,46 +65,50 @@ class ThreadGovernor:
         self.max_probe_s = max_probe_s
         self._set = set_threads if set_threads is not None else _torch_set_threads
         self._clock = clock
-        self._cpu_clock = cpu_clock
+        self._waited = waited
         self._wall = 0.0
-        self._cpu = 0.0
+        self._waited_at: float | None = None  # run-queue seconds at the window's start
         self._before_probe: int | None = None  # the count to go back to when the current probe fails
         self._wait = probe_s
         self._next_probe = 0.0
         self.changes = 0
 
-    def start(self) -> tuple[float, float]:
-        """The clocks before a step."""
-        return self._clock(), self._cpu_clock()
+    def start(self) -> float:
+        """The clock before a step (and the run-queue time, at a window's first step)."""
+        if self._waited_at is None:
+            self._waited_at = self._waited()
+        return self._clock()
 
-    def finish(self, started: tuple[float, float]) -> None:
+    def finish(self, started: float) -> None:
         """Account one step (``started`` from :meth:`start`); at the end of a window, judge it."""
         now = self._clock()
-        self._wall += now - started[0]
-        self._cpu += self._cpu_clock() - started[1]
+        self._wall += now - started
         if self._wall < self.window_s:
             return
-        cores = self._cpu / self._wall
-        self._wall = self._cpu = 0.0
-        self._judge(cores, now)
+        waited, before = self._waited(), self._waited_at
+        wall, self._wall, self._waited_at = self._wall, 0.0, None
+        if waited is None or before is None:
+            return
+        self._judge((waited - before) / wall, now)
 
-    def _judge(self, cores: float, now: float) -> None:
+    def _judge(self, waiting: float, now: float) -> None:
+        """``waiting``: seconds the threads waited for a CPU per second of steps in the window."""
         if self._before_probe is not None:  # this window ran with the probed count
-            if cores >= used_enough(self.threads):
-                LOG.debug("cpu_threads: %d threads get %.2f cores; kept", self.threads, cores)
+            if waiting <= WAITING:
+                LOG.debug("cpu_threads: %d threads waited %.2f s/s for a CPU; kept", self.threads, waiting)
                 self._before_probe = None
                 self._wait = self.probe_s
             else:
                 back, self._before_probe = self._before_probe, None
                 self._wait = min(self._wait * 2, self.max_probe_s)
                 self._next_probe = now + self._wait
-                self._apply(back, f"the probe got {cores:.2f} cores")
+                self._apply(back, f"the probe waited {waiting:.2f} s/s for a CPU")
             return
-        if self.threads > 1 and cores < used_enough(self.threads):
+        if self.threads > 1 and waiting > WAITING:
             self._wait = self.probe_s
             self._next_probe = now + self._wait
             self._apply(max(1, self.threads // 2),
-                        f"{self.threads} threads got {cores:.2f} cores: other processes share them")
+                        f"{self.threads} threads waited {waiting:.2f} s/s for a CPU: other processes hold the cores")
         elif self.threads < self.most and now >= self._next_probe:
             self._before_probe = self.threads
             self._apply(min(self.most, self.threads * 2), "probing whether the cores are free again")
