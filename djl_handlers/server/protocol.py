@@ -32,6 +32,7 @@ from djl_handlers.io import wire
 __all__ = [
     "CANCEL_PROPERTY",
     "BatchFailure",
+    "BufferSink",
     "FrontEndBatch",
     "FrontEndSlot",
     "InProcessTransport",
@@ -340,8 +341,8 @@ class FrontEndBatch:
         return dropped
 
 
-class _Buffer:
-    """A ``sendall`` target collecting bytes."""
+class BufferSink:
+    """A ``sendall`` target collecting bytes (an ``Output`` encoded in memory)."""
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []
@@ -373,7 +374,7 @@ class InProcessTransport:
         props, entries = wire.read_input_frame(io.BytesIO(raw))
         props["device_id"] = self._device_id
         output = self._service.invoke(input_from_frame(props, entries))
-        buffer = _Buffer()
+        buffer = BufferSink()
         output.send(buffer)
         finalize: Callable[[], Any] | None = getattr(output, "execute_finalize", None)
         if callable(finalize):

@@ -28,6 +28,7 @@ from typing import Any
 
 from djl_handlers.errors import message_of, output_error_body
 from djl_handlers.io import wire
+from djl_handlers.server.protocol import BufferSink
 from djl_handlers.server.worker_steps import DELTA
 from djl_handlers.worker.loader import HandlerService
 from djl_handlers.worker.stepping import FrameReader, Stepper, frame_input
@@ -106,7 +107,7 @@ def _send(conn: socket.socket, output: Any) -> None:
 
 def _encode(output: Any) -> bytes:
     """``output`` as one reply frame in memory (a rolling step's); an error reply if it cannot be encoded."""
-    collected = _Collected()
+    collected = BufferSink()
     try:
         output.send(collected)
     except Exception as exc:
@@ -115,16 +116,6 @@ def _encode(output: Any) -> bytes:
         return wire.encode_output_frame(424, "prediction failure", {"content-type": "application/json"},
                                         [(None, json.dumps(body).encode("utf-8"))])
     return b"".join(collected.parts)
-
-
-class _Collected:
-    """A ``sendall`` target that keeps the bytes."""
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def sendall(self, data: bytes) -> None:
-        self.parts.append(bytes(data))
 
 
 def _finalize(output: Any) -> None:
