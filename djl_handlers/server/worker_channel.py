@@ -49,6 +49,11 @@ class StepChannel:
         self.fd = sock.fileno()
         loop.add_reader(self.fd, self._on_readable)
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received after the last whole reply (the start of the next one)."""
+        return len(self._buffer)
+
     # ------------------------------------------------------------------ writing
 
     def send(self, frame: Frame) -> None:

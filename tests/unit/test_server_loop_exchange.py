@@ -9,32 +9,16 @@ import random
 import socket
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from socket_worker import SocketWorker
 
 from djl_handlers.io import wire
 from djl_handlers.server.loop_exchange import start_call
 from djl_handlers.server.worker_process import WorkerDied
 
-
-class _Worker:
-    """The slice of ``WorkerProcess`` that ``start_call`` uses, on one end of a socket pair."""
-
-    def __init__(self, sock: socket.socket, timeout: float = 5.0) -> None:
-        self.sock: socket.socket | None = sock
-        self.spec = SimpleNamespace(predict_timeout_s=timeout)
-        self.killed = False
-
-    def connection(self) -> socket.socket | None:
-        return self.sock
-
-    def kill(self) -> None:
-        self.killed = True
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
+_Worker = SocketWorker
 
 
 def _peer(other: socket.socket, answer: Any) -> threading.Thread:

@@ -9,10 +9,10 @@ import json
 import socket
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from socket_worker import SocketWorker
 
 from djl_handlers.engines.fake_engine import REPLY, FakeEngine
 from djl_handlers.io import wire
@@ -114,17 +114,8 @@ class _Service:
         return self.service.handle(inputs)
 
 
-class _Worker:
-    def __init__(self, sock: socket.socket, timeout: float = 5.0) -> None:
-        self.sock: socket.socket | None = sock
-        self.spec = SimpleNamespace(predict_timeout_s=timeout)
-        self.killed = False
-
-    def connection(self) -> socket.socket | None:
-        return self.sock
-
-    def kill(self) -> None:
-        self.killed = True
+def _worker(sock: socket.socket, timeout: float = 5.0) -> SocketWorker:
+    return SocketWorker(sock, timeout, close_on_kill=False)  # the test closes its end itself
 
 
 def _worker_thread(conn: socket.socket, delay: float = 0.0) -> threading.Thread:
@@ -168,7 +159,7 @@ def test_the_worker_steps_on_its_own_and_takes_deltas_between_steps() -> None:
 
     async def main() -> tuple[dict[str, str], list[wire.OutputFrame], bool]:
         event = asyncio.Event()
-        channel = StepChannel(asyncio.get_running_loop(), _Worker(ours), event.set)  # type: ignore[arg-type]
+        channel = StepChannel(asyncio.get_running_loop(), _worker(ours), event.set)  # type: ignore[arg-type]
         view: dict[str, FrontEndSlot] = {}
         texts: dict[str, str] = {}
         others: list[wire.OutputFrame] = []
@@ -204,7 +195,7 @@ def test_the_worker_steps_on_its_own_and_takes_deltas_between_steps() -> None:
 def test_a_worker_that_stops_answering_is_killed_and_named() -> None:
     ours, other = socket.socketpair()
     ours.settimeout(5.0)
-    worker = _Worker(ours, timeout=0.2)
+    worker = _worker(ours, timeout=0.2)
 
     async def main() -> str | None:
         event = asyncio.Event()
@@ -227,7 +218,7 @@ def test_a_worker_that_stops_answering_is_killed_and_named() -> None:
 def test_a_worker_that_dies_or_sends_garbage_is_a_failure(answer: bytes, expected: str) -> None:
     ours, other = socket.socketpair()
     ours.settimeout(5.0)
-    worker = _Worker(ours)
+    worker = _worker(ours)
 
     async def main() -> str | None:
         event = asyncio.Event()
@@ -254,7 +245,7 @@ def test_the_worker_runs_at_most_window_steps_ahead_of_the_acknowledgements() ->
 
     async def main() -> tuple[int, int]:
         event = asyncio.Event()
-        channel = StepChannel(asyncio.get_running_loop(), _Worker(ours), event.set)  # type: ignore[arg-type]
+        channel = StepChannel(asyncio.get_running_loop(), _worker(ours), event.set)  # type: ignore[arg-type]
         channel.send(delta_frame(Delta("handle", [("1", _request(100))])))
         await asyncio.sleep(0.3)  # nothing acknowledged: the worker stops after WINDOW replies
         first = len(channel.frames)
