@@ -234,7 +234,7 @@ class HFEngine:
     def step(self) -> list[StepOutput]:
         """Advance every active request by one token (decode), then admit queued prompts (prefill)."""
         governor = self.threads
-        started = governor.start() if governor is not None else None
+        started = governor.start() if governor is not None else 0.0
         try:
             with torch.inference_mode():
                 outputs = self._advance()
@@ -244,7 +244,7 @@ class HFEngine:
         except Exception:
             self._drop_running()
             raise
-        if governor is not None and started is not None:
+        if governor is not None:
             governor.finish(started)
         return outputs
 

@@ -254,6 +254,7 @@ class FrontEndSlot:
     started: bool = False
     cancelled: bool = False
     finished: bool = False
+    slot_id: str = ""  # its id in a worker-driven batch (server.worker_steps)
 
 
 def step_records(frame: wire.OutputFrame, size: int) -> tuple[list[Record], list[dict[str, str]]]:

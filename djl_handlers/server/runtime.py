@@ -95,7 +95,7 @@ class ModelRuntime:
         self._batcher = FrontEndBatch(settings.handler, settings.max_rolling_batch_size)  # DJL's protocol
         self._view: dict[str, FrontEndSlot] = {}  # rolling: requests the worker holds, by slot id
         self._slot_ids = itertools.count(1)
-        self._cancels_sent: set[str] = set()
+        self._cancels: set[str] = set()  # ids of held requests cancelled since the last delta
         self._paused = False  # the worker answered a pause and runs no step until the next delta
         self._last_was_pause = False
         self._pauses_unanswered = 0
@@ -216,6 +216,8 @@ class ModelRuntime:
         self.metrics.cancelled.inc()
         if sink.slot is not None:
             sink.slot.cancelled = True
+            if sink.slot.slot_id in self._view:
+                self._cancels.add(sink.slot.slot_id)
         self._poke()
 
     async def _wait_for_work(self, busy: bool = False) -> None:
@@ -381,18 +383,15 @@ class ModelRuntime:
             slot = self._next_admitted()
             if slot is None:
                 break
-            slot_id = str(next(self._slot_ids))
+            slot.slot_id = slot_id = str(next(self._slot_ids))
             self._view[slot_id] = slot
             new.append((slot_id, slot.request))
-        sent = self._cancels_sent
-        cancel = [slot_id for slot_id, slot in self._view.items() if slot.cancelled and slot_id not in sent]
+        cancel = [slot_id for slot_id in self._cancels if slot_id in self._view]
+        self._cancels.clear()
         resume = self._paused and bool(self._view)
         ack = self._replies_seen if self._replies_seen != self._ack_sent else None
         if new or cancel or resume or ack is not None:
             self._send(channel, Delta(handler, new, cancel, resume=resume, ack=ack))
-            sent.update(cancel)
-            if len(sent) > 2 * len(self._view):
-                sent.intersection_update(self._view)
 
     def _send(self, channel: StepChannel, delta: Delta) -> None:
         channel.send(delta_frame(delta))
@@ -436,7 +435,7 @@ class ModelRuntime:
         """Fail every request the (dead) worker held and forget its state."""
         self._fail_slots(list(self._view.values()), 500, why)
         self._view.clear()
-        self._cancels_sent.clear()
+        self._cancels.clear()
         self._paused = self._last_was_pause = False
         self._pauses_unanswered = self._replies_seen = self._ack_sent = 0
         self.in_flight = 0
