@@ -7,7 +7,8 @@
 #    (default 0.34.0) through ./pom.xml. Machines elsewhere get it; this project's machines get no
 #    ai.djl.serving:* artifact (Maven refuses in ~2 s).
 # 2. Else build the same front end from DJL Serving's own source: DJL_SERVING_SRC (default
-#    $ROOT/../shared/third_party/djl-serving-0.34.0, also looked up next to the main checkout when
+#    $ROOT/../shared/third_party/djl-serving-0.34.0, also looked up next to the origin of a local clone and
+#    next to the main checkout when
 #    this is a git worktree) holds djl-serving-0.34.0-src.tgz and a pom.xml; Maven compiles
 #    wlm/prometheus/serving into one jar (~15 s with a warm ~/.m2) and copies the runtime jars.
 #
@@ -47,6 +48,10 @@ source_dir() {  # the first folder that holds the source tgz
   local common
   if common="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null)"; then
     candidates+=("$(dirname "$common")/../shared/third_party/djl-serving-$VERSION")
+  fi
+  local origin  # a clone made elsewhere (e.g. in a temporary folder) of a local checkout
+  if origin="$(git -C "$ROOT" remote get-url origin 2>/dev/null)" && [[ -d "$origin" ]]; then
+    candidates+=("$origin/../shared/third_party/djl-serving-$VERSION")
   fi
   for dir in "${candidates[@]}"; do
     if [[ -f "$dir/djl-serving-$VERSION-src.tgz" && -f "$dir/pom.xml" ]]; then
