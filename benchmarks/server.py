@@ -58,6 +58,7 @@ class Load:
     client_cpu_s: float = 0.0
     server_cpu_s: float | None = None
     runs: list[float] = field(default_factory=list)  # req/s of each repeat
+    ttft_p99_runs: list[float] = field(default_factory=list)  # TTFT p99 (s) of each repeat
 
     def add(self, other: Load) -> None:
         """Merge another run of the same front and client count."""
@@ -70,6 +71,7 @@ class Load:
         if other.server_cpu_s is not None:
             self.server_cpu_s = (self.server_cpu_s or 0.0) + other.server_cpu_s
         self.runs += other.runs
+        self.ttft_p99_runs += other.ttft_p99_runs
 
     def row(self) -> dict[str, Any]:
         """Summary: req/s (over all repeats, and each), tok/s, TTFT and latency percentiles (ms), CPU s."""
@@ -83,6 +85,7 @@ class Load:
                 "tok_s": rnd(self.tokens / self.elapsed, 1) if self.elapsed else None,
                 "ttft_p50_ms": rnd(1000 * (pct(self.ttft, 0.5) or 0), 2),
                 "ttft_p99_ms": rnd(1000 * (pct(self.ttft, 0.99) or 0), 2),
+                "ttft_p99_ms_runs": [rnd(1000 * t, 1) for t in self.ttft_p99_runs],
                 "latency_p50_ms": rnd(1000 * (pct(self.latency, 0.5) or 0), 1),
                 "latency_p99_ms": rnd(1000 * (pct(self.latency, 0.99) or 0), 1)}
 
@@ -160,7 +163,32 @@ def http_load(url: str, front: str, clients: int, duration: float, new_tokens: i
     if server0 is not None and server1 is not None:
         load.server_cpu_s = server1 - server0
     load.runs = [len(load.latency) / load.elapsed] if load.elapsed else []
+    load.ttft_p99_runs = [pct(load.ttft, 0.99) or 0.0] if load.ttft else []
     return load
+
+
+def round_ratios(rows: list[dict[str, Any]], ours: str = "djl-handlers serve",
+                 theirs: str = "DJL Serving ModelServer") -> dict[int, dict[str, Any]]:
+    """Per client count, ours over theirs in each round (the fronts alternate within a round, seconds
+    apart): requests/s and TTFT p99 (below 1 is better for TTFT), each round's ratio and the median."""
+    def median(values: list[float]) -> float | None:
+        ordered = sorted(values)
+        if not ordered:
+            return None
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    out: dict[int, dict[str, Any]] = {}
+    by_key = {(r["front"], r.get("clients")): r for r in rows}
+    for (front, clients), mine in by_key.items():
+        other = by_key.get((theirs, clients))
+        if front != ours or other is None:
+            continue
+        req = [a / b for a, b in zip(mine["req_s_runs"], other["req_s_runs"], strict=False) if b]
+        ttft = [a / b for a, b in zip(mine["ttft_p99_ms_runs"], other["ttft_p99_ms_runs"], strict=False) if b]
+        out[clients] = {"req_s_per_round": [rnd(x) for x in req], "req_s_median": rnd(median(req)),
+                        "ttft_p99_per_round": [rnd(x) for x in ttft], "ttft_p99_median": rnd(median(ttft))}
+    return out
 
 
 def inprocess_load(handle: Any, clients: int, duration: float, new_tokens: int) -> Load:
@@ -320,7 +348,7 @@ def run_benchmark(quick: bool, djl: bool = True, model: str = "both", baseline: 
             rows = [inprocess_load(handle, c, duration, new_tokens).row() for c in levels]
             del handle
             rows += _interleaved(fronts, model_dir, levels, duration, new_tokens, repeat, client)
-            report["targets"][name] = {"max_new_tokens": new_tokens, "rows": rows}
+            report["targets"][name] = {"max_new_tokens": new_tokens, "rows": rows, "ours_over_djl": round_ratios(rows)}
             base = next(r for r in rows if r["front"].startswith("in-process") and r["clients"] == 1)
             report["added_ttft_ms"][name] = {
                 r["front"]: rnd(r["ttft_p50_ms"] - base["ttft_p50_ms"], 2)

@@ -9,7 +9,9 @@ threads against 77-87 ms with 1 while one busy process shared the 2 cores; 56 ag
 :class:`ThreadGovernor` asks the kernel: the time this process's threads spent runnable but waiting
 for a CPU (``/proc/self/task/*/schedstat``, second field), per second of steps, over windows of about a
 second of steps. On free cores that is under 1 % (0.006-0.008 s per s measured); with a busy process
-on one of the 2 cores and 2 threads it was 0.65. Above :data:`WAITING` the count is halved; every
+on one of the 2 cores and 2 threads it was 0.65; serving a burst, with the HTTP front end and the
+clients on the same 2 cores, it touched 0.25 for a window. After :data:`BAD_WINDOWS` windows in a row
+above :data:`WAITING` the count is halved; every
 ``probe_s`` seconds (doubling up to ``max_probe_s`` while probes keep failing) twice as many are tried
 for one window and kept if they do not wait. It never goes above the count it started with. (A first
 version compared CPU seconds with wall seconds; small batches use 2 threads poorly on free cores too,
@@ -28,7 +30,11 @@ __all__ = ["WAITING", "ThreadGovernor", "run_queue_seconds"]
 LOG = logging.getLogger(__name__)
 
 #: Seconds waited for a CPU per second of steps above which the threads are too many.
-WAITING = 0.25
+WAITING = 0.4
+#: Windows in a row above :data:`WAITING` before the count is halved (a burst of the front end's or
+#: the clients' work on the same cores is not a neighbour that stays: at 0.25 s/s and one window, a
+#: served benchmark round ran on 1 thread at 0.6x the speed of the rounds around it).
+BAD_WINDOWS = 2
 
 
 def run_queue_seconds() -> float | None:
@@ -71,6 +77,7 @@ class ThreadGovernor:
         self._before_probe: int | None = None  # the count to go back to when the current probe fails
         self._wait = probe_s
         self._next_probe = 0.0
+        self._bad = 0  # windows in a row above WAITING
         self.changes = 0
 
     def start(self) -> float:
@@ -104,7 +111,9 @@ class ThreadGovernor:
                 self._next_probe = now + self._wait
                 self._apply(back, f"the probe waited {waiting:.2f} s/s for a CPU")
             return
-        if self.threads > 1 and waiting > WAITING:
+        self._bad = self._bad + 1 if waiting > WAITING else 0
+        if self.threads > 1 and self._bad >= BAD_WINDOWS:
+            self._bad = 0
             self._wait = self.probe_s
             self._next_probe = now + self._wait
             self._apply(max(1, self.threads // 2),
