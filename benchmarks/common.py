@@ -54,6 +54,15 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
+def median(values: Sequence[float]) -> float | None:
+    """The median of ``values`` (mean of the two middle ones for an even count); None when empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
 def rnd(value: float | None, digits: int = 2) -> float | None:
     """``round`` that lets None through."""
     return None if value is None else round(value, digits)

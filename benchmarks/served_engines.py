@@ -12,7 +12,8 @@ vLLM warms itself at start-up), then ``--repeat`` rounds run, each sending the w
 server in turn, the order rotating per round. The comparison is the ratio *within* a round (runs a
 few seconds apart) and its median over rounds: on this shared 2-core VM the speed of the same code
 drifts by 30 % from one minute to the next, which one run per engine cannot tell from a difference.
-An idle server uses no CPU while another serves (each run records the others' CPU seconds).
+Each run records the CPU seconds the idle servers used meanwhile (HF's: ~0; vLLM's idle server polls,
+0.3-1.3 CPU-s per run of another, which slows the others, not vLLM).
 Per run: generated tokens/s over the wall time of the whole workload, TTFT p50/p99 (from the
 request's send to its first token line), inter-token latency, and each request's token ids.
 fp32 token ids are compared with each request alone through transformers' ``generate()`` on the
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, pct, rnd, stop_process
+from benchmarks.common import ROOT, median, pct, rnd, stop_process
 from benchmarks.workload import Job, mixed_workload
 
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -285,10 +286,8 @@ def _round_ratios(runs: dict[str, list[dict[str, Any]]], name: str, base: str) -
     ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(runs[name], runs[base], strict=True) if b["tok_s"]]
     if not ratios:
         return {}
-    ordered = sorted(ratios)
-    return {"per_round": [rnd(x) for x in ratios], "median": rnd(ordered[len(ordered) // 2]) if len(ordered) % 2
-            else rnd((ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2),
-            "min": rnd(ordered[0]), "max": rnd(ordered[-1])}
+    return {"per_round": [rnd(x) for x in ratios], "median": rnd(median(ratios)), "min": rnd(min(ratios)),
+            "max": rnd(max(ratios))}
 
 
 def _summary(runs: dict[str, list[dict[str, Any]]], ref: list[list[int]] | None) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, pct, rnd, stop_process
+from benchmarks.common import ROOT, median, pct, rnd, stop_process
 
 DJL_SERVING = ROOT / "tests" / "djl_serving"
 if str(DJL_SERVING) not in sys.path:  # djl_server.py is a test/developer tool, not part of the package
@@ -171,13 +171,6 @@ def round_ratios(rows: list[dict[str, Any]], ours: str = "djl-handlers serve",
                  theirs: str = "DJL Serving ModelServer") -> dict[int, dict[str, Any]]:
     """Per client count, ours over theirs in each round (the fronts alternate within a round, seconds
     apart): requests/s and TTFT p99 (below 1 is better for TTFT), each round's ratio and the median."""
-    def median(values: list[float]) -> float | None:
-        ordered = sorted(values)
-        if not ordered:
-            return None
-        mid = len(ordered) // 2
-        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
     out: dict[int, dict[str, Any]] = {}
     by_key = {(r["front"], r.get("clients")): r for r in rows}
     for (front, clients), mine in by_key.items():
@@ -186,7 +179,7 @@ def round_ratios(rows: list[dict[str, Any]], ours: str = "djl-handlers serve",
             continue
         req = [a / b for a, b in zip(mine["req_s_runs"], other["req_s_runs"], strict=False) if b]
         ttft = [a / b for a, b in zip(mine["ttft_p99_ms_runs"], other["ttft_p99_ms_runs"], strict=False) if b]
-        out[clients] = {"req_s_per_round": [rnd(x) for x in req], "req_s_median": rnd(median(req)),
+        out[int(clients)] = {"req_s_per_round": [rnd(x) for x in req], "req_s_median": rnd(median(req)),
                         "ttft_p99_per_round": [rnd(x) for x in ttft], "ttft_p99_median": rnd(median(ttft))}
     return out
 

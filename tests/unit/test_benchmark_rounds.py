@@ -1,0 +1,57 @@
+"""The benchmarks' round arithmetic (benchmarks/served_engines.py, benchmarks/server.py): ratios are taken
+between runs of the same round, and the prompts of a round never repeat another round's."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.common import median
+from benchmarks.served_engines import Contender, _round_ratios, parse_variant, tagged
+from benchmarks.server import round_ratios
+from benchmarks.workload import Job
+
+
+def test_median_of_odd_even_and_empty() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert median([]) is None
+
+
+def test_ratios_pair_runs_of_the_same_round() -> None:
+    runs = {"huggingface": [{"tok_s": 100.0}, {"tok_s": 200.0}, {"tok_s": 150.0}],
+            "vllm": [{"tok_s": 50.0}, {"tok_s": 200.0}, {"tok_s": 100.0}]}
+    got = _round_ratios(runs, "huggingface", "vllm")
+    assert got["per_round"] == [2.0, 1.0, 1.5]
+    assert (got["median"], got["min"], got["max"]) == (1.5, 1.0, 2.0)
+    assert _round_ratios({"a": [{"tok_s": 1.0}], "b": [{"tok_s": 0.0}]}, "a", "b") == {}
+
+
+def test_variants_are_hf_servers_with_options() -> None:
+    assert parse_variant("p512:max_prefill_tokens=512") == Contender("p512", "huggingface",
+                                                                     (("max_prefill_tokens", "512"),))
+    both = parse_variant("x:option.max_prefill_tokens=1024; cpu_threads=fixed")
+    assert both.options == (("max_prefill_tokens", "1024"), ("cpu_threads", "fixed"))
+    for bad in ("p512", ":a=1", "p:a", "p:"):
+        with pytest.raises(ValueError, match="expected NAME:key=value"):
+            parse_variant(bad)
+
+
+def test_rounds_share_no_prompt_prefix() -> None:
+    jobs = [Job("Deep learning is", 4, 8, 0.0), Job("Deep learning is", 4, 9, 0.0)]
+    one, two = tagged(jobs, "round 1"), tagged(jobs, "round 2")
+    assert [j.max_new_tokens for j in one] == [8, 9]
+    for a, b, job in zip(one, two, jobs, strict=True):
+        assert a.prompt != b.prompt and a.prompt.endswith(job.prompt) and b.prompt.endswith(job.prompt)
+    assert one[0].prompt.startswith("(round 1) ") and two[0].prompt.startswith("(round 2) ")
+
+
+def test_front_end_ratios_per_client_count() -> None:
+    rows = [{"front": "djl-handlers serve", "clients": 64, "req_s_runs": [300.0, 200.0],
+             "ttft_p99_ms_runs": [40.0, 60.0]},
+            {"front": "DJL Serving ModelServer", "clients": 64, "req_s_runs": [200.0, 200.0],
+             "ttft_p99_ms_runs": [20.0, 60.0]},
+            {"front": "djl-handlers serve", "clients": 1, "req_s_runs": [10.0], "ttft_p99_ms_runs": [1.0]}]
+    got = round_ratios(rows)
+    assert list(got) == [64]  # no DJL row at 1 client: nothing to compare
+    assert got[64]["req_s_per_round"] == [1.5, 1.0] and got[64]["req_s_median"] == 1.25
+    assert got[64]["ttft_p99_per_round"] == [2.0, 1.0] and got[64]["ttft_p99_median"] == 1.5
