@@ -12,8 +12,8 @@ vLLM warms itself at start-up), then ``--repeat`` rounds run, each sending the w
 server in turn, the order rotating per round. The comparison is the ratio *within* a round (runs a
 few seconds apart) and its median over rounds: on this shared 2-core VM the speed of the same code
 drifts by 30 % from one minute to the next, which one run per engine cannot tell from a difference.
-Each run records the CPU seconds the idle servers used meanwhile (HF's: ~0; vLLM's idle server polls,
-0.3-1.3 CPU-s per run of another, which slows the others, not vLLM).
+Each run records the CPU seconds the idle servers used meanwhile (an idle HF server: under 0.05; vLLM's
+idle server polls, 0.3-1.3 CPU-s per run of another, which slows the others, not vLLM).
 Per run: generated tokens/s over the wall time of the whole workload, TTFT p50/p99 (from the
 request's send to its first token line), inter-token latency, and each request's token ids.
 fp32 token ids are compared with each request alone through transformers' ``generate()`` on the
