@@ -134,8 +134,11 @@ def test_example_on_djl(djl_ready: None, tmp_path: Path, name: str) -> None:
     if name == "vllm":  # vLLM's CPU build wants this share of the machine's RAM free (a GPU figure in the example)
         props = model_dir / "serving.properties"
         props.write_text(props.read_text(encoding="utf-8").replace(
-            "option.gpu_memory_utilization=0.9", "option.gpu_memory_utilization=0.3"), encoding="utf-8")
-    with DjlServer(model_dir, python=python, startup_timeout=300) as server:
+            "option.gpu_memory_utilization=0.9", "option.gpu_memory_utilization=0.3")
+            # the example compiles the model (enforce_eager=false): on 2 loaded CPU cores the init call once
+            # outlasted DJL's default 240 s model_loading_timeout
+            + "option.model_loading_timeout=900\n", encoding="utf-8")
+    with DjlServer(model_dir, python=python, startup_timeout=960 if name == "vllm" else 300) as server:
         try:
             EXAMPLE_CHECKS[name](server)
         except BaseException:
