@@ -78,6 +78,6 @@ def _build_model(out: Path, seed: int, max_position_embeddings: int) -> None:
         pad_token_id=2,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model = LlamaForCausalLM(config).float().eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2)
     model.save_pretrained(str(out), safe_serialization=True)

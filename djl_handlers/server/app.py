@@ -201,7 +201,13 @@ class _App(Starlette):
     id, Starlette's error and exception handlers): three wrapper calls less per chunk."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Remember ``send``, then run the app."""
-        if scope["type"] == "http":
-            scope[BODY_SEND_KEY] = send
-        await super().__call__(scope, receive, send)
+        """Remember ``send``, then run the app; forget it afterwards (``send`` is bound to uvicorn's
+        request cycle, which holds the scope: kept, the cycle would wait for the garbage collector)."""
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        scope[BODY_SEND_KEY] = send
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            scope.pop(BODY_SEND_KEY, None)

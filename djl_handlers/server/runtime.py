@@ -210,6 +210,7 @@ class ModelRuntime:
 
     def _done(self, sink: ResponseSink) -> None:
         self.outstanding.discard(sink)
+        sink.slot = None  # the slot (still held until the worker's last record) keeps its owner, not vice versa
         self.telemetry.finish(sink.trace, sink.status or 499, sink.cancelled)
 
     def _cancelled(self, sink: ResponseSink) -> None:
@@ -254,10 +255,13 @@ class ModelRuntime:
             if not self.worker.alive():
                 await self._restart()
                 continue
-            batch = await self._gather()
-            batch = [(request, sink) for request, sink in batch if not sink.done]
-            if batch:
-                await self._run_batch(batch)
+            await self._batch_once()
+
+    async def _batch_once(self) -> None:
+        """Gather one batch and run it (its own frame: an idle loop holds no finished request)."""
+        batch = [(request, sink) for request, sink in await self._gather() if not sink.done]
+        if batch:
+            await self._run_batch(batch)
 
     async def _gather(self) -> list[tuple[WorkerRequest, ResponseSink]]:
         """Up to ``batch_size`` requests, waiting at most ``max_batch_delay`` for more."""

@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 
 from djl_handlers.server.app import create_app
+from djl_handlers.server.heap import settle
 from djl_handlers.server.runtime import ModelRuntime
 from djl_handlers.server.settings import ServerSettings
 
@@ -81,7 +82,9 @@ def run_server(settings: ServerSettings, host: str, port: int, grace_s: float,
                                 loop=os.environ.get("DJL_HANDLERS_LOOP", "auto"),
                                 http=os.environ.get("DJL_HANDLERS_HTTP", "auto"),
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+        config.load()  # uvicorn's protocol classes, imported here so that they are part of the settled heap
         server = DrainingServer(config, runtime, grace_s, on_listening)
+        settle("front end")
         server.run()
     finally:
         runtime.worker.stop()

@@ -28,6 +28,7 @@ from typing import Any
 
 from djl_handlers.errors import message_of, output_error_body
 from djl_handlers.io import wire
+from djl_handlers.server.heap import settle
 from djl_handlers.server.protocol import BufferSink
 from djl_handlers.server.worker_steps import DELTA
 from djl_handlers.worker.loader import HandlerService
@@ -131,6 +132,7 @@ def serve_connection(conn: socket.socket, service: HandlerService, extra: dict[s
     """Answer request frames on ``conn`` until the peer closes it; between frames, run the steps of
     a worker-driven rolling batch (:mod:`djl_handlers.worker.stepping`) while it has requests."""
     reader = FrameReader(conn)
+    settled = False
     stepper = Stepper(lambda properties, content: service.invoke(frame_input(properties, content, extra)),
                       _encode, conn.sendall)
     while True:
@@ -148,6 +150,9 @@ def serve_connection(conn: socket.socket, service: HandlerService, extra: dict[s
         output = service.invoke(frame_input(properties, content, extra))
         _send(conn, output)
         _finalize(output)
+        if not settled:  # the first frame is the init call: the model is loaded, the heap built
+            settled = True
+            settle("worker")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
