@@ -42,6 +42,7 @@ from benchmarks.common import ROOT, median, pct, rnd, stop_process
 from benchmarks.workload import Job, mixed_workload
 
 VLLM_VENV = ROOT / ".venv-vllm"
+ENV_PREFIX = "env."  # a variant key naming an environment variable, not a serving.properties option
 ENGINES = {"huggingface": "djl_handlers.huggingface", "vllm": "djl_handlers.vllm"}
 
 
@@ -55,7 +56,8 @@ class Contender:
 
 
 def parse_variant(text: str) -> Contender:
-    """``NAME:key=value;key=value`` -> the HF engine with those options (``option.`` may be left out)."""
+    """``NAME:key=value;key=value`` -> the HF engine with those options (``option.`` may be left out);
+    a key ``env.NAME`` sets that environment variable for the variant's server instead."""
     name, _, rest = text.partition(":")
     pairs = [item.split("=", 1) for item in rest.split(";") if item.strip()]
     if not name or not pairs or any(len(pair) != 2 for pair in pairs):
@@ -75,9 +77,14 @@ def write_model_dir(root: Path, engine: str, dtype: str, model_dir: str, name: s
         lines += ["option.rolling_batch=vllm", "option.enforce_eager=true", "option.gpu_memory_utilization=0.3"]
     else:
         lines += ["option.rolling_batch=scheduler"]
-    lines += [f"option.{key}={value}" for key, value in options]
+    lines += [f"option.{key}={value}" for key, value in options if not key.startswith(ENV_PREFIX)]
     (folder / "serving.properties").write_text("\n".join(lines) + "\n")
     return folder
+
+
+def variant_env(options: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The environment variables a variant sets (its ``env.NAME=value`` keys)."""
+    return {key[len(ENV_PREFIX):]: value for key, value in options if key.startswith(ENV_PREFIX)}
 
 
 def _python_for(engine: str) -> str:
@@ -114,13 +121,14 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 
 @contextlib.contextmanager
-def serve(engine: str, model_dir: Path) -> Iterator[tuple[str, int]]:
-    """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1; yields the URL
-    and the server's pid."""
+def serve(engine: str, model_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1 (``extra_env`` added
+    to its environment); yields the URL and the server's pid."""
     from benchmarks.server import _wait_ping, free_port
 
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
+           **(extra_env or {})}
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
     log = tempfile.NamedTemporaryFile(prefix=f"served-{engine}-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen([_python_for(engine), "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
@@ -224,7 +232,7 @@ def run_rounds(contenders: list[Contender], dtype: str, model_dir: str, jobs: li
         servers = {}
         for c in contenders:
             folder = write_model_dir(root, c.engine, dtype, model_dir, c.name, c.options)
-            servers[c.name] = stack.enter_context(serve(c.engine, folder))
+            servers[c.name] = stack.enter_context(serve(c.engine, folder, variant_env(c.options)))
         for url, _pid in servers.values():
             asyncio.run(_workload(url, WARM_JOBS))
             asyncio.run(_workload(url, tagged(jobs, "warm-up")))  # every shape once: kernels built, caches grown

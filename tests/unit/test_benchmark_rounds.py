@@ -3,10 +3,12 @@ between runs of the same round, and the prompts of a round never repeat another 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.common import median
-from benchmarks.served_engines import Contender, _round_ratios, parse_variant, tagged
+from benchmarks.served_engines import Contender, _round_ratios, parse_variant, tagged, variant_env, write_model_dir
 from benchmarks.server import round_ratios
 from benchmarks.workload import Job
 
@@ -34,6 +36,15 @@ def test_variants_are_hf_servers_with_options() -> None:
     for bad in ("p512", ":a=1", "p:a", "p:"):
         with pytest.raises(ValueError, match="expected NAME:key=value"):
             parse_variant(bad)
+
+
+def test_variant_env_keys_go_to_the_environment_not_the_properties(tmp_path: Path) -> None:
+    variant = parse_variant("gcdefault:env.DJL_HANDLERS_GC=default;max_prefill_tokens=512")
+    assert variant_env(variant.options) == {"DJL_HANDLERS_GC": "default"}
+    folder = write_model_dir(tmp_path, variant.engine, "bf16", "/m", variant.name, variant.options)
+    props = (folder / "serving.properties").read_text()
+    assert "option.max_prefill_tokens=512" in props and "DJL_HANDLERS_GC" not in props
+    assert variant_env(parse_variant("p:max_prefill_tokens=512").options) == {}
 
 
 def test_rounds_share_no_prompt_prefix() -> None:
