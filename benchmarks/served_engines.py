@@ -91,6 +91,25 @@ def _python_for(engine: str) -> str:
     return str(VLLM_VENV / "bin" / "python") if engine == "vllm" else sys.executable
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc; those that end while being walked are skipped)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError, ValueError):
+            below = [int(c) for task in Path(f"/proc/{p}/task").iterdir()
+                     for c in (task / "children").read_text().split()]
+            found += below
+            todo += below
+    return found
+
+
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """(user + system CPU seconds of ``pid`` itself, of all its descendants) from Linux /proc;
     zeros where /proc cannot be read. The server process is the HTTP front end; its descendants
@@ -98,26 +117,29 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     tick = os.sysconf("SC_CLK_TCK")
 
     def own(p: int) -> float:
-        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat(p)
         return (int(fields[11]) + int(fields[12])) / tick
-
-    def children(p: int) -> list[int]:
-        found: list[int] = []
-        for task in Path(f"/proc/{p}/task").iterdir():
-            found += [int(c) for c in (task / "children").read_text().split()]
-        return found
 
     try:
         front = own(pid)
-        below, todo = 0.0, children(pid)
-        while todo:
-            child = todo.pop()
-            with contextlib.suppress(OSError):
-                below += own(child)
-                todo += children(child)
-        return front, below
     except (OSError, ValueError, IndexError):
         return 0.0, 0.0
+    below = 0.0
+    for child in _descendants(pid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            below += own(child)
+    return front, below
+
+
+def major_faults(pid: int) -> int:
+    """Major page faults (pages read back from a file: code, mmapped weights) of ``pid`` and its
+    descendants so far; 0 where /proc cannot be read. The box's DAMON pages out memory idle for ~60 s
+    (``/sys/kernel/mm/damon``), which can hit a server that waited while the others ran."""
+    total = 0
+    for p in [pid, *_descendants(pid)]:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(_stat(p)[9])
+    return total
 
 
 @contextlib.contextmanager
@@ -201,11 +223,13 @@ def serve_workload(name: str, url: str, pid: int, jobs: list[Job], others: list[
     CPU seconds during the run are recorded (they should be ~0)."""
     load_before = os.getloadavg()[0]
     front0, engine0 = cpu_seconds(pid)
+    faults0 = major_faults(pid)
     idle0 = sum(sum(cpu_seconds(p)) for p in others)
     client0 = time.process_time()
     wall, results = asyncio.run(_workload(url, jobs))
     client_cpu = time.process_time() - client0
     front1, engine1 = cpu_seconds(pid)
+    faults1 = major_faults(pid)
     idle1 = sum(sum(cpu_seconds(p)) for p in others)
     tokens = sum(len(r["ids"]) for r in results)
     ttft = [r["times"][0] for r in results if r["times"]]
@@ -220,6 +244,7 @@ def serve_workload(name: str, url: str, pid: int, jobs: list[Job], others: list[
             "cpu_s": {"front": rnd(front1 - front0), "engine": rnd(engine1 - engine0), "client": rnd(client_cpu),
                       "idle_servers": rnd(idle1 - idle0)},
             "tok_per_server_cpu_s": rnd(tokens / max(1e-9, front1 - front0 + engine1 - engine0), 1),
+            "major_faults": faults1 - faults0,
             "token_ids": [r["ids"] for r in results]}
 
 

@@ -66,3 +66,27 @@ def test_front_end_ratios_per_client_count() -> None:
     assert list(got) == [64]  # no DJL row at 1 client: nothing to compare
     assert got[64]["req_s_per_round"] == [1.5, 1.0] and got[64]["req_s_median"] == 1.25
     assert got[64]["ttft_p99_per_round"] == [2.0, 1.0] and got[64]["ttft_p99_median"] == 1.5
+
+
+def test_process_tree_counters_include_grandchildren() -> None:
+    import os
+    import subprocess
+    import time
+
+    from benchmarks.served_engines import _descendants, cpu_seconds, major_faults
+
+    busy = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(5)"
+    child = subprocess.Popen(["bash", "-c", f"python3 -c '{busy}' & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and cpu_seconds(child.pid)[1] < 0.25:
+            time.sleep(0.1)
+        tree = _descendants(child.pid)
+        assert len(tree) == 1  # bash -> python: the grandchild of this test
+        assert child.pid in _descendants(os.getpid())
+        assert cpu_seconds(child.pid)[1] >= 0.25  # the grandchild's busy loop counts as "below"
+        assert major_faults(child.pid) >= 0 and major_faults(-1) == 0
+        assert cpu_seconds(-1) == (0.0, 0.0)
+    finally:
+        child.kill()
+        child.wait()
