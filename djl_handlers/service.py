@@ -101,6 +101,10 @@ class InferenceService:
             self.rolling = RollingBatch(engine, self._formatter_for)
         self.config = config
         self.initialized = True
+        from djl_handlers.server.heap import in_djl_worker, settle
+
+        if in_djl_worker():  # DJL's worker process serves only this model: settle its heap (server/heap.py)
+            settle("DJL worker")
         LOG.info(
             "djl_handlers %s engine ready (%s, rolling_batch=%s)",
             self.engine_name,

@@ -8,10 +8,12 @@ on the fake engine at 64 streaming clients (docs/benchmarks.md, section 13): ~1,
 and 12 full collections per 20 s, 0.75 s of collector time and single pauses of 30-50 ms, which made
 the TTFT p99 tail.
 
-:func:`settle` runs once the heap is built: one collection, then ``gc.freeze()`` (the survivors move
-to the permanent generation and are never walked again) and a gen-0 threshold of
-:data:`GEN0_THRESHOLD`. The collector stays on: cyclic garbage is still reclaimed, a request only
-pays for what it allocated. ``DJL_HANDLERS_GC=default`` keeps CPython's behaviour.
+:func:`settle` runs once the heap is built (the front end before it opens its port, our worker
+after its init call, the handler after loading its model inside DJL Serving's own worker process):
+one collection, then ``gc.freeze()`` (the survivors move to the permanent generation and are never
+walked again) and a gen-0 threshold of :data:`GEN0_THRESHOLD`. The collector stays on: cyclic garbage
+is still reclaimed, a request only pays for what it allocated. ``DJL_HANDLERS_GC=default`` keeps
+CPython's behaviour.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 
-__all__ = ["GEN0_THRESHOLD", "settle"]
+__all__ = ["DJL_WORKER_SCRIPT", "GEN0_THRESHOLD", "in_djl_worker", "settle"]
 
 _LOG = logging.getLogger("djl_handlers.server")
 
@@ -28,6 +31,16 @@ _LOG = logging.getLogger("djl_handlers.server")
 #: only what survived refcounting since the last one, so its pause grows with this number: 10,000 is a
 #: fraction of a millisecond, and rarely reached once the per-request reference cycles are gone.
 GEN0_THRESHOLD = 10_000
+
+
+#: The script DJL Serving runs as its Python worker process: a process that exists to serve one model.
+DJL_WORKER_SCRIPT = "djl_python_engine.py"
+
+
+def in_djl_worker() -> bool:
+    """True in DJL Serving's own Python worker process (``djl_python_engine.py``), where the handler
+    settles the heap after its model is loaded; never in a user's process (tests, notebooks)."""
+    return os.path.basename(sys.argv[0] if sys.argv else "") == DJL_WORKER_SCRIPT
 
 
 def settle(role: str) -> bool:

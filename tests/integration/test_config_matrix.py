@@ -44,7 +44,7 @@ from matrix_cases import (
     without_random_seed,
     write_model_dir,
 )
-from test_server_harness import ServerProcess
+from test_server_harness import ServerProcess, wait_until
 
 pytestmark = [pytest.mark.djl]
 
@@ -162,6 +162,24 @@ def test_cell(pairs: PairCache, config: MatrixConfig, kind: Kind) -> None:
         problem = lmi_shape_problem(status, ctype, body)
         assert problem is None, f"{side}: {problem}"
     assert ours == djl
+
+
+def test_both_fronts_workers_settle_their_heap(pairs: PairCache) -> None:
+    """Our worker settles after its init call; inside DJL's own worker (djl_python_engine.py) our
+    handler settles after loading the model (server/heap.py): both say so in their logs."""
+    def ours_on_djl(config: MatrixConfig) -> bool:  # DJL runs our handler, not its own default one
+        return config.loads and config.option("entryPoint") == "djl_handlers.huggingface"
+
+    live = pairs.current
+    reuse = live is not None and ours_on_djl(live.config) and not live.errors  # no second start-up for this test
+    pair = live if reuse and live is not None else pairs.get(next(c for c in CONFIGS if ours_on_djl(c)))
+    ours_url, djl_url = pair.urls()
+    assert pair.ours is not None and pair.djl is not None and pair.djl.log_path is not None
+    send(djl_url, KINDS[0])  # the model is loaded at start-up; one request proves it serves
+    wait_until(lambda: "worker: heap settled" in pair.ours.log_path.read_text(), "our worker's settle line")
+    djl_log = pair.djl.log_path.read_text(encoding="utf-8", errors="replace")
+    assert "DJL worker: heap settled" in djl_log, pair.djl.log_tail()
+    assert "front end: heap settled" in pair.ours.log_path.read_text()
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if not c.loads], ids=lambda c: c.id)

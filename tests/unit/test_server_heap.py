@@ -53,3 +53,29 @@ def test_an_unknown_mode_warns_and_settles() -> None:
     out, log = _settle("off")
     assert out["done"] is True and out["frozen"] > 0
     assert "DJL_HANDLERS_GC='off'" in log and "neither 'tuned' nor 'default'" in log
+
+
+DJL_WORKER = """
+import gc, json, sys
+sys.argv[0] = ARGV0
+from djl_handlers.engines.fake_engine import FakeEngine
+from djl_handlers.service import InferenceService
+from djl_handlers.testing.java_loop import RollingBatchDriver
+service = InferenceService("huggingface", engine_factory=lambda config: FakeEngine())
+RollingBatchDriver(service.handle).init({"rolling_batch": "auto"})
+print(json.dumps({"frozen": gc.get_freeze_count(), "gen0": gc.get_threshold()[0]}))
+"""
+
+
+@pytest.mark.parametrize("argv0", ["/opt/djl/python/djl_python_engine.py", "/usr/bin/pytest", ""])
+def test_the_handler_settles_only_inside_djls_worker(argv0: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "DJL_HANDLERS_GC"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = DJL_WORKER.replace("ARGV0", repr(argv0))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if argv0.endswith("djl_python_engine.py"):
+        assert out["frozen"] > 1000 and out["gen0"] == 10_000
+    else:  # a user's process (tests, notebooks, djl-handlers generate) keeps its collector as it was
+        assert out["frozen"] == 0 and out["gen0"] == 700
