@@ -24,6 +24,7 @@ from djl_handlers.extensions import (
     REQUEST_ID_PROPERTY,
 )
 from djl_handlers.formatting.registry import error_formatter
+from djl_handlers.heap import in_djl_worker, settle
 from djl_handlers.io.compat import new_output
 from djl_handlers.request.parser import ParserSettings, parse_request
 from djl_handlers.request.records import Request
@@ -101,9 +102,7 @@ class InferenceService:
             self.rolling = RollingBatch(engine, self._formatter_for)
         self.config = config
         self.initialized = True
-        from djl_handlers.server.heap import in_djl_worker, settle
-
-        if in_djl_worker():  # DJL's worker process serves only this model: settle its heap (server/heap.py)
+        if in_djl_worker():  # DJL's worker process serves only this model: settle its heap
             settle("DJL worker")
         LOG.info(
             "djl_handlers %s engine ready (%s, rolling_batch=%s)",

@@ -17,8 +17,8 @@ from types import FrameType
 
 import uvicorn
 
+from djl_handlers.heap import settle
 from djl_handlers.server.app import create_app
-from djl_handlers.server.heap import settle
 from djl_handlers.server.runtime import ModelRuntime
 from djl_handlers.server.settings import ServerSettings
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from djl_handlers.errors import message_of, output_error_body
+from djl_handlers.heap import settle
 from djl_handlers.io import wire
-from djl_handlers.server.heap import settle
 from djl_handlers.server.protocol import BufferSink
 from djl_handlers.server.worker_steps import DELTA
 from djl_handlers.worker.loader import HandlerService

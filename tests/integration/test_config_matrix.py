@@ -166,7 +166,7 @@ def test_cell(pairs: PairCache, config: MatrixConfig, kind: Kind) -> None:
 
 def test_both_fronts_workers_settle_their_heap(pairs: PairCache) -> None:
     """Our worker settles after its init call; inside DJL's own worker (djl_python_engine.py) our
-    handler settles after loading the model (server/heap.py): both say so in their logs."""
+    handler settles after loading the model (djl_handlers/heap.py): both say so in their logs."""
     def ours_on_djl(config: MatrixConfig) -> bool:  # DJL runs our handler, not its own default one
         return config.loads and config.option("entryPoint") == "djl_handlers.huggingface"
 

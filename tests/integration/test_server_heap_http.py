@@ -1,5 +1,5 @@
 """The server's heap under load: requests leave no reference cycles behind, and both processes
-settle their start-up heap (server/heap.py).
+settle their start-up heap (djl_handlers/heap.py).
 
 The first test runs the real front end in this process (uvicorn on a thread, the fake rolling worker
 as its subprocess, real HTTP) with the garbage collector off: an object of a finished request that is

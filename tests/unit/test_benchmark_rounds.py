@@ -3,12 +3,25 @@ between runs of the same round, and the prompts of a round never repeat another 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks.common import median
-from benchmarks.served_engines import Contender, _round_ratios, parse_variant, tagged, variant_env, write_model_dir
+from benchmarks.served_engines import (
+    Contender,
+    _descendants,
+    _round_ratios,
+    cpu_seconds,
+    major_faults,
+    parse_variant,
+    tagged,
+    variant_env,
+    write_model_dir,
+)
 from benchmarks.server import round_ratios
 from benchmarks.workload import Job
 
@@ -69,12 +82,6 @@ def test_front_end_ratios_per_client_count() -> None:
 
 
 def test_process_tree_counters_include_grandchildren() -> None:
-    import os
-    import subprocess
-    import time
-
-    from benchmarks.served_engines import _descendants, cpu_seconds, major_faults
-
     busy = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.3: pass\ntime.sleep(5)"
     child = subprocess.Popen(["bash", "-c", f"python3 -c '{busy}' & wait"])
     try:

@@ -1,5 +1,5 @@
-"""The collector policy of the server's processes (server/heap.py), each case in a fresh interpreter:
-``gc.freeze`` and thresholds are process-wide."""
+"""The collector policy of the server's processes (djl_handlers/heap.py), each case in a fresh
+interpreter: ``gc.freeze`` and thresholds are process-wide."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import gc, json, logging
 logging.basicConfig(level=logging.INFO)
-from djl_handlers.server.heap import GEN0_THRESHOLD, settle
+from djl_handlers.heap import GEN0_THRESHOLD, settle
 before = gc.get_threshold()[0]
 done = settle("test")
 print(json.dumps({"done": done, "frozen": gc.get_freeze_count(), "gen0": gc.get_threshold()[0],

@@ -1,4 +1,6 @@
-"""The garbage collector's policy for the long-running processes: the front end and its worker.
+"""The garbage collector's policy for the long-running processes: the front end, its worker, and DJL
+Serving's Python worker running our handler (a module of its own: the server, the worker and the
+service layer all call it).
 
 Both processes build their long-lived heap once (imports, the app, the model) and then allocate
 short-lived objects per request and per step. With CPython's defaults every full collection walks
@@ -25,7 +27,7 @@ import sys
 
 __all__ = ["DJL_WORKER_SCRIPT", "GEN0_THRESHOLD", "in_djl_worker", "settle"]
 
-_LOG = logging.getLogger("djl_handlers.server")
+_LOG = logging.getLogger("djl_handlers.heap")
 
 #: Net new container objects between young collections (CPython's default is 700). A gen-0 pass walks
 #: only what survived refcounting since the last one, so its pause grows with this number: 10,000 is a
