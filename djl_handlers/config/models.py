@@ -257,13 +257,20 @@ def _tensor_parallel(r: _Reader, device: str) -> int:
 
 
 def _device(r: _Reader) -> tuple[str, int | None]:
-    """``option.device`` if given, else ``cuda:<device_id>`` for a device_id >= 0, else cpu."""
+    """``option.device`` if given, else ``cuda:<device_id>`` for a device_id >= 0, else cpu.
+
+    A bare ``option.device=cuda`` takes the worker's GPU (``cuda:<device_id>``) when DJL gave it one;
+    with device_id -1 (a worker DJL treats as a CPU one, and ``djl-handlers serve``) it stays ``cuda``.
+    """
     found = r.get("device")
     device_id = r.integer("device_id", None, -1)
     if found is not None:
-        if not _DEVICE.fullmatch(found[1].lower()):
+        device = found[1].lower()
+        if not _DEVICE.fullmatch(device):
             raise r.fail(*found, "cpu, cuda, cuda:<n>, mps or auto")
-        return found[1].lower(), device_id
+        if device == "cuda" and device_id is not None and device_id >= 0:
+            return f"cuda:{device_id}", device_id
+        return device, device_id
     if device_id is not None and device_id >= 0:
         return f"cuda:{device_id}", device_id
     return "cpu", device_id

@@ -166,8 +166,6 @@ class HFEngine:
         """
         raw = config.raw
         device = config.device
-        if device.startswith("cuda") and ":" not in device and config.device_id is not None:
-            device = f"{device}:{config.device_id}"
         step = str(raw.get("hf_step") or "padded").strip().lower()
         if step not in ("packed", "padded"):
             raise ConfigError(f"option.hf_step={step!r} is not supported; use packed or padded", field="option.hf_step")

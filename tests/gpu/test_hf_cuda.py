@@ -112,8 +112,9 @@ def test_bad_request_gets_400_and_leaves_its_neighbour_intact(rolling_fp32: Infe
 def test_bf16_streaming_jsonlines_shape(embedded_dir: Path) -> None:
     service = _service(embedded_dir, rolling_batch="scheduler", dtype="bf16")
     driver = RollingBatchDriver(service.handle)
-    req = driver.submit(json_request({"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 10, "details": True},
-                                             "stream": True}))
+    req = driver.submit(
+        json_request({"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 10, "details": True}, "stream": True})
+    )
     driver.run()
     lines = [json.loads(line) for line in req.text.splitlines() if line.strip()]
     assert req.headers["Content-Type"] == "application/jsonlines"
@@ -125,9 +126,11 @@ def test_bf16_streaming_jsonlines_shape(embedded_dir: Path) -> None:
 
 def test_dynamic_batch_fp32_equals_generate(embedded_dir: Path, reference: Any) -> None:
     service = _service(embedded_dir, rolling_batch="disable", dtype="fp32")
-    bodies = [{"inputs": [PROMPTS[0], PROMPTS[2]], "parameters": {"max_new_tokens": 8}},
-              {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 14}},
-              {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": -3}}]
+    bodies = [
+        {"inputs": [PROMPTS[0], PROMPTS[2]], "parameters": {"max_new_tokens": 8}},
+        {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 14}},
+        {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": -3}},
+    ]
     props = {"batch_size": "3"}
     content = []
     for i, b in enumerate(bodies):
@@ -157,8 +160,21 @@ def test_served_over_http(tmp_path: Path, embedded_dir: Path, reference: Any) ->
     log = open(tmp_path / "server.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from djl_handlers.cli import main; sys.exit(main())",
-         "serve", str(model), "--port", "0"], stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=str(ROOT))
+        [
+            sys.executable,
+            "-c",
+            "import sys; from djl_handlers.cli import main; sys.exit(main())",
+            "serve",
+            str(model),
+            "--port",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+    )
     try:
         url = ""
         deadline = time.monotonic() + 180

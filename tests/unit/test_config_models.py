@@ -161,6 +161,11 @@ def test_tensor_parallel_and_device() -> None:
     assert cfg(device_id="1").device == "cuda:1"
     assert cfg(device_id="-1").device == "cpu"
     assert cfg(device="CUDA:2").device == "cuda:2"
+    # a bare option.device=cuda takes the worker's GPU, and stays "cuda" for device_id -1 (never "cuda:-1")
+    assert cfg(device="cuda", device_id="3").device == "cuda:3"
+    assert cfg(device="cuda", device_id="-1").device == "cuda"
+    assert cfg(device="cuda").device == "cuda"
+    assert cfg(device="cuda:0", device_id="3").device == "cuda:0"
 
 
 def test_engine_sub_configs() -> None:
