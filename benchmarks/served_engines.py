@@ -142,6 +142,21 @@ def major_faults(pid: int) -> int:
     return total
 
 
+def host_cpu() -> dict[str, float]:
+    """This machine's CPU seconds so far from ``/proc/stat`` (all cores): ``busy`` (user, nice,
+    system, irq, softirq), ``idle`` (idle, iowait) and ``steal`` (time the hypervisor gave this VM's
+    cores to someone else); empty where it cannot be read."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    steal = fields[7] if len(fields) > 7 else 0
+    busy = user + nice + system + irq + softirq
+    return {"busy": busy / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
+
+
 @contextlib.contextmanager
 def serve(engine: str, model_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
     """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1 (``extra_env`` added
@@ -225,12 +240,14 @@ def serve_workload(name: str, url: str, pid: int, jobs: list[Job], others: list[
     front0, engine0 = cpu_seconds(pid)
     faults0 = major_faults(pid)
     idle0 = sum(sum(cpu_seconds(p)) for p in others)
+    host0 = host_cpu()
     client0 = time.process_time()
     wall, results = asyncio.run(_workload(url, jobs))
     client_cpu = time.process_time() - client0
     front1, engine1 = cpu_seconds(pid)
     faults1 = major_faults(pid)
     idle1 = sum(sum(cpu_seconds(p)) for p in others)
+    host1 = host_cpu()
     tokens = sum(len(r["ids"]) for r in results)
     ttft = [r["times"][0] for r in results if r["times"]]
     itl = [b - a for r in results for a, b in zip(r["times"], r["times"][1:], strict=False)]
@@ -245,6 +262,9 @@ def serve_workload(name: str, url: str, pid: int, jobs: list[Job], others: list[
                       "idle_servers": rnd(idle1 - idle0)},
             "tok_per_server_cpu_s": rnd(tokens / max(1e-9, front1 - front0 + engine1 - engine0), 1),
             "major_faults": faults1 - faults0,
+            # the whole machine during the run: busy CPU-s beyond this benchmark's processes is someone
+            # else's; steal is time the hypervisor gave these cores away
+            "host_cpu_s": {k: rnd(host1[k] - host0[k]) for k in host1 if k in host0},
             "token_ids": [r["ids"] for r in results]}
 
 

@@ -16,6 +16,7 @@ from benchmarks.served_engines import (
     _descendants,
     _round_ratios,
     cpu_seconds,
+    host_cpu,
     major_faults,
     parse_variant,
     tagged,
@@ -97,3 +98,14 @@ def test_process_tree_counters_include_grandchildren() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_host_cpu_counts_this_process_busy_time() -> None:
+    before = host_cpu()
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+    after = host_cpu()
+    assert set(before) == {"busy", "idle", "steal"}
+    assert after["busy"] - before["busy"] >= 0.2  # at least most of this loop's CPU time (ticks are coarse)
+    assert after["steal"] >= before["steal"] and after["idle"] >= before["idle"]
