@@ -334,13 +334,33 @@ def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repea
     return report
 
 
+#: A run that loses more than this share of the machine's core time to the hypervisor (steal) is "stolen".
+STEAL_LIMIT = 0.02
+
+
+def steal_share(run: dict[str, Any]) -> float:
+    """The share of the machine's core time during ``run`` that the hypervisor gave away (0 when the
+    run has no ``host_cpu_s``)."""
+    host = run.get("host_cpu_s") or {}
+    total = sum(host.get(k, 0.0) for k in ("busy", "idle", "steal"))
+    return float(host.get("steal", 0.0)) / total if total > 0 else 0.0
+
+
 def _round_ratios(runs: dict[str, list[dict[str, Any]]], name: str, base: str) -> dict[str, Any]:
-    """tok/s of ``name`` over ``base`` in each round: the runs a few seconds apart."""
-    ratios = [a["tok_s"] / b["tok_s"] for a, b in zip(runs[name], runs[base], strict=True) if b["tok_s"]]
+    """tok/s of ``name`` over ``base`` in each round: the runs a few seconds apart. ``unstolen``: the
+    same over the rounds where neither run lost more than :data:`STEAL_LIMIT` of the machine to steal
+    (reported beside the plain figures, never instead of them)."""
+    pairs = [(a, b) for a, b in zip(runs[name], runs[base], strict=True) if b["tok_s"]]
+    ratios = [a["tok_s"] / b["tok_s"] for a, b in pairs]
     if not ratios:
         return {}
-    return {"per_round": [rnd(x) for x in ratios], "median": rnd(median(ratios)), "min": rnd(min(ratios)),
-            "max": rnd(max(ratios))}
+    out: dict[str, Any] = {"per_round": [rnd(x) for x in ratios], "median": rnd(median(ratios)),
+                           "min": rnd(min(ratios)), "max": rnd(max(ratios))}
+    clean = [x for x, (a, b) in zip(ratios, pairs, strict=True) if max(steal_share(a), steal_share(b)) <= STEAL_LIMIT]
+    if any("host_cpu_s" in a for a, _ in pairs):
+        out["unstolen"] = {"rounds": len(clean), "median": rnd(median(clean)) if clean else None,
+                           "min": rnd(min(clean)) if clean else None}
+    return out
 
 
 def _summary(runs: dict[str, list[dict[str, Any]]], ref: list[list[int]] | None) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from benchmarks.served_engines import (
     host_cpu,
     major_faults,
     parse_variant,
+    steal_share,
     tagged,
     variant_env,
     write_model_dir,
@@ -40,6 +41,20 @@ def test_ratios_pair_runs_of_the_same_round() -> None:
     assert got["per_round"] == [2.0, 1.0, 1.5]
     assert (got["median"], got["min"], got["max"]) == (1.5, 1.0, 2.0)
     assert _round_ratios({"a": [{"tok_s": 1.0}], "b": [{"tok_s": 0.0}]}, "a", "b") == {}
+    assert "unstolen" not in got  # runs without host CPU figures (older reports)
+
+
+def test_rounds_with_steal_are_reported_apart() -> None:
+    def run(tok_s: float, steal: float) -> dict[str, object]:
+        return {"tok_s": tok_s, "host_cpu_s": {"busy": 30.0, "idle": 10.0 - steal, "steal": steal}}
+
+    runs = {"huggingface": [run(120.0, 0.1), run(60.0, 12.0), run(130.0, 0.0)],
+            "vllm": [run(100.0, 0.0), run(100.0, 0.1), run(100.0, 4.0)]}
+    got = _round_ratios(runs, "huggingface", "vllm")
+    assert got["per_round"] == [1.2, 0.6, 1.3] and got["median"] == 1.2  # the plain figures keep every round
+    # round 2: huggingface lost 30 % to steal; round 3: vllm lost 10 %; only round 1 is clean
+    assert got["unstolen"] == {"rounds": 1, "median": 1.2, "min": 1.2}
+    assert steal_share(run(1.0, 0.4)) == pytest.approx(0.01) and steal_share({"tok_s": 1.0}) == 0.0
 
 
 def test_variants_are_hf_servers_with_options() -> None:
