@@ -4,7 +4,8 @@
 of in-flight requests as one batch Input — a new request's properties, body and random seed on
 its first step only, empty bodies afterwards — decodes one record per position, appends ``data``
 to that request's body, and drops requests whose record says ``last``. Handy for unit tests and
-for ``djl-handlers generate``.
+for ``djl-handlers generate``. :func:`dynamic_batch` sends JSON bodies as one dynamic batch, the way
+DJL's batcher does without rolling batch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ from djl_handlers.io.inputs import Input
 from djl_handlers.io.wire import binary_decode
 
 Handler = Callable[[Any], Any]
+
+
+def dynamic_batch(handle: Handler, bodies: list[Any]) -> list[Any]:
+    """Send ``bodies`` (JSON values) to ``handle`` as one dynamic batch (``batch_size`` N,
+    ``batch_NNN.data`` and a JSON Content-Type per position) and return each position's decoded
+    JSON answer (an error is ``{"code": ..., "error": ...}``)."""
+    props = {"batch_size": str(len(bodies))}
+    content: list[tuple[Optional[str], bytes]] = []
+    for i, body in enumerate(bodies):
+        props[f"batch_{i:03d}.Content-Type"] = "application/json"
+        content.append((f"batch_{i:03d}.data", json.dumps(body).encode("utf-8")))
+    out = handle(Input.from_parts(props, content))
+    return [json.loads(bytes(out.content.value_at(i))) for i in range(len(bodies))]
 
 
 @dataclass

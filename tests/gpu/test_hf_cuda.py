@@ -23,7 +23,7 @@ import pytest
 
 from djl_handlers.io import Input
 from djl_handlers.service import InferenceService
-from djl_handlers.testing.java_loop import RollingBatchDriver, json_request
+from djl_handlers.testing.java_loop import RollingBatchDriver, dynamic_batch, json_request
 
 pytest_plugins = ["conftest_models"]  # fixture: embedded_dir
 
@@ -131,13 +131,7 @@ def test_dynamic_batch_fp32_equals_generate(embedded_dir: Path, reference: Any) 
         {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 14}},
         {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": -3}},
     ]
-    props = {"batch_size": "3"}
-    content = []
-    for i, b in enumerate(bodies):
-        props[f"batch_{i:03d}.Content-Type"] = "application/json"
-        content.append((f"batch_{i:03d}.data", json.dumps(b).encode()))
-    out = service.handle(Input.from_parts(props, content))
-    results = [json.loads(bytes(out.content.value_at(i))) for i in range(3)]
+    results = dynamic_batch(service.handle, bodies)
     assert results[0] == [{"generated_text": reference(PROMPTS[0], 8)}, {"generated_text": reference(PROMPTS[2], 8)}]
     assert results[1] == [{"generated_text": reference(PROMPTS[1], 14)}]
     assert results[2]["code"] == 400 and "max_new_tokens" in results[2]["error"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from djl_handlers.service import InferenceService
-from djl_handlers.testing.java_loop import RollingBatchDriver, json_request
+from djl_handlers.testing.java_loop import RollingBatchDriver, dynamic_batch, json_request
 
 pytestmark = pytest.mark.slow
 
@@ -148,8 +148,6 @@ def test_stop_sequence_spanning_two_tokens(rolling: InferenceService) -> None:
 
 
 def test_dynamic_batch_list_inputs_and_mixed_parameters(model_dir: str, reference: Any) -> None:
-    from djl_handlers.io import Input
-
     service = InferenceService("huggingface")
     service.handle(_init({"model_id": model_dir, "rolling_batch": "disable", "dtype": "fp32"}))
     bodies = [
@@ -157,13 +155,7 @@ def test_dynamic_batch_list_inputs_and_mixed_parameters(model_dir: str, referenc
         {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 6}},
         {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": -3}},
     ]
-    props = {"batch_size": "3"}
-    content = []
-    for i, b in enumerate(bodies):
-        props[f"batch_{i:03d}.Content-Type"] = "application/json"
-        content.append((f"batch_{i:03d}.data", json.dumps(b).encode()))
-    out = service.handle(Input.from_parts(props, content))
-    results = [json.loads(bytes(out.content.value_at(i))) for i in range(3)]
+    results = dynamic_batch(service.handle, bodies)
     assert results[0] == [{"generated_text": reference(PROMPTS[0], 4)}, {"generated_text": reference(PROMPTS[1], 4)}]
     assert results[1] == [{"generated_text": reference(PROMPTS[2], 6)}]
     assert results[2]["code"] == 400 and "max_new_tokens" in results[2]["error"]
