@@ -168,3 +168,40 @@ def per_dtype_main(description: str, argv: list[str] | None, out: Path, rounds: 
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(report, indent=1) + "\n")
     print("wrote", args.out)
+
+
+#: A run that loses more than this share of the machine's core time to the hypervisor is "stolen".
+STEAL_LIMIT = 0.02
+
+
+def host_cpu() -> dict[str, float]:
+    """This machine's CPU seconds so far from ``/proc/stat`` (all cores): ``busy`` (user, nice,
+    system, irq, softirq), ``idle`` (idle, iowait) and ``steal`` (time the hypervisor gave this VM's
+    cores to someone else); empty where it cannot be read."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq = fields[:7]
+    steal = fields[7] if len(fields) > 7 else 0
+    busy = user + nice + system + irq + softirq
+    return {"busy": busy / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
+
+
+def steal_share(host: dict[str, float] | None) -> float:
+    """The share of the machine's core time that the hypervisor gave away, from a difference of two
+    :func:`host_cpu` readings (0 when there is none)."""
+    host = host or {}
+    total = sum(host.get(k, 0.0) for k in ("busy", "idle", "steal"))
+    return float(host.get("steal", 0.0)) / total if total > 0 else 0.0
+
+
+def stolen(*hosts: dict[str, float] | None) -> bool:
+    """Whether any of these runs lost more than :data:`STEAL_LIMIT` of the machine to steal."""
+    return any(steal_share(h) > STEAL_LIMIT for h in hosts)
+
+
+def host_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """``after - before`` per key of two :func:`host_cpu` readings, rounded."""
+    return {k: round(after[k] - before[k], 2) for k in after if k in before}

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, median, pct, rnd, stop_process
+from benchmarks.common import ROOT, host_cpu, host_delta, median, pct, rnd, stolen, stop_process
 from benchmarks.workload import Job, mixed_workload
 
 VLLM_VENV = ROOT / ".venv-vllm"
@@ -140,21 +140,6 @@ def major_faults(pid: int) -> int:
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += int(_stat(p)[9])
     return total
-
-
-def host_cpu() -> dict[str, float]:
-    """This machine's CPU seconds so far from ``/proc/stat`` (all cores): ``busy`` (user, nice,
-    system, irq, softirq), ``idle`` (idle, iowait) and ``steal`` (time the hypervisor gave this VM's
-    cores to someone else); empty where it cannot be read."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return {}
-    tick = os.sysconf("SC_CLK_TCK")
-    user, nice, system, idle, iowait, irq, softirq = fields[:7]
-    steal = fields[7] if len(fields) > 7 else 0
-    busy = user + nice + system + irq + softirq
-    return {"busy": busy / tick, "idle": (idle + iowait) / tick, "steal": steal / tick}
 
 
 @contextlib.contextmanager
@@ -264,7 +249,7 @@ def serve_workload(name: str, url: str, pid: int, jobs: list[Job], others: list[
             "major_faults": faults1 - faults0,
             # the whole machine during the run: busy CPU-s beyond this benchmark's processes is someone
             # else's; steal is time the hypervisor gave these cores away
-            "host_cpu_s": {k: rnd(host1[k] - host0[k]) for k in host1 if k in host0},
+            "host_cpu_s": host_delta(host0, host1),
             "token_ids": [r["ids"] for r in results]}
 
 
@@ -334,29 +319,18 @@ def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repea
     return report
 
 
-#: A run that loses more than this share of the machine's core time to the hypervisor (steal) is "stolen".
-STEAL_LIMIT = 0.02
-
-
-def steal_share(run: dict[str, Any]) -> float:
-    """The share of the machine's core time during ``run`` that the hypervisor gave away (0 when the
-    run has no ``host_cpu_s``)."""
-    host = run.get("host_cpu_s") or {}
-    total = sum(host.get(k, 0.0) for k in ("busy", "idle", "steal"))
-    return float(host.get("steal", 0.0)) / total if total > 0 else 0.0
-
-
 def _round_ratios(runs: dict[str, list[dict[str, Any]]], name: str, base: str) -> dict[str, Any]:
     """tok/s of ``name`` over ``base`` in each round: the runs a few seconds apart. ``unstolen``: the
-    same over the rounds where neither run lost more than :data:`STEAL_LIMIT` of the machine to steal
-    (reported beside the plain figures, never instead of them)."""
+    same over the rounds where neither run was :func:`~benchmarks.common.stolen` (reported beside the
+    plain figures, never instead of them)."""
     pairs = [(a, b) for a, b in zip(runs[name], runs[base], strict=True) if b["tok_s"]]
     ratios = [a["tok_s"] / b["tok_s"] for a, b in pairs]
     if not ratios:
         return {}
     out: dict[str, Any] = {"per_round": [rnd(x) for x in ratios], "median": rnd(median(ratios)),
                            "min": rnd(min(ratios)), "max": rnd(max(ratios))}
-    clean = [x for x, (a, b) in zip(ratios, pairs, strict=True) if max(steal_share(a), steal_share(b)) <= STEAL_LIMIT]
+    clean = [x for x, (a, b) in zip(ratios, pairs, strict=True)
+             if not stolen(a.get("host_cpu_s"), b.get("host_cpu_s"))]
     if any("host_cpu_s" in a for a, _ in pairs):
         out["unstolen"] = {"rounds": len(clean), "median": rnd(median(clean)) if clean else None,
                            "min": rnd(min(clean)) if clean else None}

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, median, pct, rnd, stop_process
+from benchmarks.common import ROOT, STEAL_LIMIT, host_cpu, host_delta, median, pct, rnd, steal_share, stop_process
 
 DJL_SERVING = ROOT / "tests" / "djl_serving"
 if str(DJL_SERVING) not in sys.path:  # djl_server.py is a test/developer tool, not part of the package
@@ -59,6 +59,7 @@ class Load:
     server_cpu_s: float | None = None
     runs: list[float] = field(default_factory=list)  # req/s of each repeat
     ttft_p99_runs: list[float] = field(default_factory=list)  # TTFT p99 (s) of each repeat
+    steal_runs: list[float] = field(default_factory=list)  # share of the machine stolen in each repeat
 
     def add(self, other: Load) -> None:
         """Merge another run of the same front and client count."""
@@ -72,6 +73,7 @@ class Load:
             self.server_cpu_s = (self.server_cpu_s or 0.0) + other.server_cpu_s
         self.runs += other.runs
         self.ttft_p99_runs += other.ttft_p99_runs
+        self.steal_runs += other.steal_runs
 
     def row(self) -> dict[str, Any]:
         """Summary: req/s (over all repeats, and each), tok/s, TTFT and latency percentiles (ms), CPU s."""
@@ -86,6 +88,7 @@ class Load:
                 "ttft_p50_ms": rnd(1000 * (pct(self.ttft, 0.5) or 0), 2),
                 "ttft_p99_ms": rnd(1000 * (pct(self.ttft, 0.99) or 0), 2),
                 "ttft_p99_ms_runs": [rnd(1000 * t, 1) for t in self.ttft_p99_runs],
+                "steal_share_runs": [rnd(x, 3) for x in self.steal_runs],
                 "latency_p50_ms": rnd(1000 * (pct(self.latency, 0.5) or 0), 1),
                 "latency_p99_ms": rnd(1000 * (pct(self.latency, 0.99) or 0), 1)}
 
@@ -156,9 +159,10 @@ def http_load(url: str, front: str, clients: int, duration: float, new_tokens: i
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=duration + 60)
         load.elapsed = time.perf_counter() - t0
 
-    cpu0, server0 = time.process_time(), process_cpu_s(pid) if pid else None
+    cpu0, server0, host0 = time.process_time(), process_cpu_s(pid) if pid else None, host_cpu()
     asyncio.run(main())
     load.client_cpu_s = time.process_time() - cpu0
+    load.steal_runs = [steal_share(host_delta(host0, host_cpu()))]
     server1 = process_cpu_s(pid) if pid else None
     if server0 is not None and server1 is not None:
         load.server_cpu_s = server1 - server0
@@ -179,8 +183,17 @@ def round_ratios(rows: list[dict[str, Any]], ours: str = "djl-handlers serve",
             continue
         req = [a / b for a, b in zip(mine["req_s_runs"], other["req_s_runs"], strict=False) if b]
         ttft = [a / b for a, b in zip(mine["ttft_p99_ms_runs"], other["ttft_p99_ms_runs"], strict=False) if b]
-        out[int(clients)] = {"req_s_per_round": [rnd(x) for x in req], "req_s_median": rnd(median(req)),
-                        "ttft_p99_per_round": [rnd(x) for x in ttft], "ttft_p99_median": rnd(median(ttft))}
+        entry: dict[str, Any] = {"req_s_per_round": [rnd(x) for x in req], "req_s_median": rnd(median(req)),
+                                 "ttft_p99_per_round": [rnd(x) for x in ttft], "ttft_p99_median": rnd(median(ttft))}
+        out[int(clients)] = entry
+        steal = [max(a, b) for a, b in zip(mine.get("steal_share_runs") or [], other.get("steal_share_runs") or [],
+                                           strict=False)]
+        if steal:  # beside the plain figures: the rounds where neither front lost the machine to steal
+            clean = [i for i, x in enumerate(steal) if x <= STEAL_LIMIT]
+            entry["unstolen"] = {
+                "rounds": len(clean),
+                "req_s_median": rnd(median([req[i] for i in clean if i < len(req)])),
+                "ttft_p99_median": rnd(median([ttft[i] for i in clean if i < len(ttft)]))}
     return out
 
 

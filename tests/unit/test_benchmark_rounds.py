@@ -10,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import median
+from benchmarks.common import host_cpu, median, steal_share
 from benchmarks.served_engines import (
     Contender,
     _descendants,
     _round_ratios,
     cpu_seconds,
-    host_cpu,
     major_faults,
     parse_variant,
-    steal_share,
     tagged,
     variant_env,
     write_model_dir,
@@ -54,7 +52,8 @@ def test_rounds_with_steal_are_reported_apart() -> None:
     assert got["per_round"] == [1.2, 0.6, 1.3] and got["median"] == 1.2  # the plain figures keep every round
     # round 2: huggingface lost 30 % to steal; round 3: vllm lost 10 %; only round 1 is clean
     assert got["unstolen"] == {"rounds": 1, "median": 1.2, "min": 1.2}
-    assert steal_share(run(1.0, 0.4)) == pytest.approx(0.01) and steal_share({"tok_s": 1.0}) == 0.0
+    assert steal_share(run(1.0, 0.4)["host_cpu_s"]) == pytest.approx(0.01)  # type: ignore[arg-type]
+    assert steal_share(None) == 0.0
 
 
 def test_variants_are_hf_servers_with_options() -> None:
@@ -95,6 +94,18 @@ def test_front_end_ratios_per_client_count() -> None:
     assert list(got) == [64]  # no DJL row at 1 client: nothing to compare
     assert got[64]["req_s_per_round"] == [1.5, 1.0] and got[64]["req_s_median"] == 1.25
     assert got[64]["ttft_p99_per_round"] == [2.0, 1.0] and got[64]["ttft_p99_median"] == 1.5
+    assert "unstolen" not in got[64]  # rows without steal figures (older reports)
+
+
+def test_front_end_rounds_with_steal_are_reported_apart() -> None:
+    rows = [{"front": "djl-handlers serve", "clients": 8, "req_s_runs": [300.0, 100.0, 240.0],
+             "ttft_p99_ms_runs": [10.0, 50.0, 12.0], "steal_share_runs": [0.0, 0.2, 0.01]},
+            {"front": "DJL Serving ModelServer", "clients": 8, "req_s_runs": [200.0, 200.0, 200.0],
+             "ttft_p99_ms_runs": [20.0, 20.0, 20.0], "steal_share_runs": [0.0, 0.0, 0.05]}]
+    got = round_ratios(rows)[8]
+    assert got["req_s_per_round"] == [1.5, 0.5, 1.2] and got["req_s_median"] == 1.2  # every round
+    # round 2: ours lost 20 % of the machine; round 3: DJL's run lost 5 %; round 1 is the clean one
+    assert got["unstolen"] == {"rounds": 1, "req_s_median": 1.5, "ttft_p99_median": 0.5}
 
 
 def test_process_tree_counters_include_grandchildren() -> None:
