@@ -264,16 +264,12 @@ def _device(r: _Reader) -> tuple[str, int | None]:
     """
     found = r.get("device")
     device_id = r.integer("device_id", None, -1)
-    if found is not None:
-        device = found[1].lower()
-        if not _DEVICE.fullmatch(device):
-            raise r.fail(*found, "cpu, cuda, cuda:<n>, mps or auto")
-        if device == "cuda" and device_id is not None and device_id >= 0:
-            return f"cuda:{device_id}", device_id
-        return device, device_id
-    if device_id is not None and device_id >= 0:
+    device = found[1].lower() if found is not None else None
+    if found is not None and not _DEVICE.fullmatch(str(device)):
+        raise r.fail(*found, "cpu, cuda, cuda:<n>, mps or auto")
+    if device in (None, "cuda") and device_id is not None and device_id >= 0:
         return f"cuda:{device_id}", device_id
-    return "cpu", device_id
+    return device or "cpu", device_id
 
 
 def _check_engine(engine: str) -> str:

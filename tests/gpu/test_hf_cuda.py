@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,7 +24,6 @@ from djl_handlers.testing.java_loop import RollingBatchDriver, dynamic_batch, js
 
 pytest_plugins = ["conftest_models"]  # fixture: embedded_dir
 
-ROOT = Path(__file__).resolve().parents[2]
 #: ``DJL_HANDLERS_TEST_DEVICE=cpu`` runs these same tests on the CPU (to check the tests themselves).
 DEVICE = os.environ.get("DJL_HANDLERS_TEST_DEVICE", "cuda")
 PROMPTS = ["Deep learning is", "The capital of France is", "Once upon a time, in a small village,"]
@@ -142,7 +138,7 @@ def test_served_over_http(tmp_path: Path, embedded_dir: Path, reference: Any) ->
     sockets, each answer equal to ``generate()`` alone."""
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
-    import httpx
+    from integration.test_server_harness import ServerProcess  # tests/ is on sys.path, as for conftest_models
 
     model = tmp_path / "model"
     model.mkdir()
@@ -151,40 +147,13 @@ def test_served_over_http(tmp_path: Path, embedded_dir: Path, reference: Any) ->
         f"option.model_id={embedded_dir}\noption.device={DEVICE}\noption.dtype=fp32\n"
         "option.rolling_batch=scheduler\noption.max_rolling_batch_size=8\n"
     )
-    log = open(tmp_path / "server.log", "w", encoding="utf-8")  # noqa: SIM115 - closed below
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from djl_handlers.cli import main; sys.exit(main())",
-            "serve",
-            str(model),
-            "--port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env=env,
-        cwd=str(ROOT),
-    )
+    server = ServerProcess(model, tmp_path / "server.log")
     try:
-        url = ""
-        deadline = time.monotonic() + 180
-        assert proc.stdout is not None
-        while not url and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            if " at http://" in line:
-                url = line.split(" at ", 1)[1].strip()
-        assert url, f"server did not start: {(tmp_path / 'server.log').read_text()[-3000:]}"
         jobs = [(PROMPTS[i % 3], 8 + 3 * i) for i in range(6)]
 
         def ask(job: tuple[str, int]) -> str:
             body = {"inputs": job[0], "parameters": {"max_new_tokens": job[1]}, "stream": True}
-            with httpx.Client(base_url=url, timeout=120) as client:
+            with server.client() as client:
                 with client.stream("POST", "/invocations", json=body) as resp:
                     assert resp.status_code == 200
                     lines = [json.loads(x) for x in resp.iter_lines() if x.strip()]
@@ -195,6 +164,4 @@ def test_served_over_http(tmp_path: Path, embedded_dir: Path, reference: Any) ->
         for (prompt, n), answer in zip(jobs, answers, strict=True):
             assert answer == reference(prompt, n)
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
+        server.stop()
