@@ -1,7 +1,7 @@
 """``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,attention,kernels,all}``
 [--quick].
 
-Each subcommand prints its tables and writes ``docs/benchmarks-<name>.json`` (``-quick.json``
+Each subcommand prints its tables and writes ``benchmarks/results/<name>.json`` (``-quick.json``
 for ``--quick``, which finishes in under two minutes and draws no PNG) and, for full runs, a PNG
 plot. ``robustness`` lives in ``python -m benchmarks.robustness``. See docs/benchmarks.md.
 """
@@ -12,14 +12,14 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import context, print_table, pyplot, save_png, setup_torch, write_report
+from benchmarks.common import context, print_table, pyplot, result_path, save_png, setup_torch, write_report
 
 
 def _engine(args: argparse.Namespace) -> None:
     from benchmarks import engine_throughput as eng
 
     started = context()
-    report = eng.run_benchmark(args.quick, n=args.n, rate=args.rate, issue8=args.issue8,
+    report = eng.run_benchmark(args.quick, n=args.n, rate=args.rate, wide=args.wide,
                                skip_sequential=args.skip_sequential)
     for arrival, block in report["arrivals"].items():
         print_table(block["results"], ["mode", "tok_s", "tok_per_cpu_s", "tokens", "wall_s", "ttft_p50_s", "ttft_p99_s",
@@ -113,7 +113,7 @@ def _served(args: argparse.Namespace) -> None:
 def _compare(args: argparse.Namespace) -> None:
     from benchmarks import engine_compare
 
-    out = engine_compare.DOCS / f"benchmarks-engine-compare{'-quick' if args.quick else ''}.json"
+    out = result_path("engine-compare", args.quick)
     engine_compare.main(["--n", str(8 if args.quick else args.n), "--dtype", args.dtype,
                          "--repeat", str(args.repeat or 1), "--modes", "padded,padded-sdpa,padded-torch,packed,static",
                          "--out", str(out),
@@ -123,14 +123,14 @@ def _compare(args: argparse.Namespace) -> None:
 def _attention(args: argparse.Namespace) -> None:
     from benchmarks import decode_attention
 
-    out = decode_attention.DOCS / f"benchmarks-decode-attention{'-quick' if args.quick else ''}.json"
+    out = result_path("decode-attention", args.quick)
     decode_attention.main(["--dtype", args.dtype, "--rounds", str(1 if args.quick else 3), "--out", str(out)])
 
 
 def _kernels(args: argparse.Namespace) -> None:
     from benchmarks import step_kernels
 
-    out = step_kernels.DOCS / f"benchmarks-step-kernels{'-quick' if args.quick else ''}.json"
+    out = result_path("step-kernels", args.quick)
     step_kernels.main(["--dtype", args.dtype, "--rounds", str(1 if args.quick else 9), "--out", str(out)])
 
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short smoke run (< 2 min), no PNG")
     parser.add_argument("--n", type=int, default=32, help="engine: number of requests")
     parser.add_argument("--rate", type=float, default=1.0, help="engine: Poisson arrivals per second")
-    parser.add_argument("--issue8", action="store_true", help="engine: prompts 16-512, 8-256 new tokens")
+    parser.add_argument("--wide", action="store_true", help="engine: wider draw, prompts 16-512, 8-256 new tokens")
     parser.add_argument("--skip-sequential", action="store_true", help="engine: no sequential generate()")
     parser.add_argument("--no-djl", action="store_true", help="server: skip DJL Serving's ModelServer")
     parser.add_argument("--server-model", choices=["fake", "embedded", "both"], default="both")

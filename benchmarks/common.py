@@ -1,5 +1,5 @@
 """Shared helpers of the benchmark modules: torch set-up, percentiles, the machine context every
-JSON report carries (load average!), tables, JSON and PNG output into ``docs/``.
+JSON report carries (load average!), tables, JSON and PNG output into ``benchmarks/results/``.
 
 Every figure a benchmark reports is meant to be read as a *ratio* taken side by side in one run;
 absolute numbers depend on a shared 2-core box and are context only.
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs"
+#: Where every benchmark writes its raw JSON and PNG by default (git-ignored).
+RESULTS = ROOT / "benchmarks" / "results"
 THREADS = 2
 
 
@@ -90,13 +91,18 @@ def context() -> dict[str, Any]:
 
 
 def write_report(name: str, report: dict[str, Any], quick: bool, started: dict[str, Any]) -> Path:
-    """Write ``docs/benchmarks-<name>[-quick].json`` with the context at start and end."""
+    """Write ``benchmarks/results/<name>[-quick].json`` with the context at start and end."""
     report = {"benchmark": name, "quick": quick, "context_start": started, "context_end": context(), **report}
-    DOCS.mkdir(exist_ok=True)
-    path = DOCS / f"benchmarks-{name}{'-quick' if quick else ''}.json"
+    path = result_path(name, quick)
     path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path.relative_to(ROOT)} (load average {started['loadavg']} -> {report['context_end']['loadavg']})")
     return path
+
+
+def result_path(name: str, quick: bool = False, suffix: str = ".json") -> Path:
+    """``benchmarks/results/<name>[-quick]<suffix>``, its folder created."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / f"{name}{'-quick' if quick else ''}{suffix}"
 
 
 def print_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str = "") -> None:
@@ -133,8 +139,8 @@ def pyplot(quick: bool) -> Any:
 
 
 def save_png(fig: Any, name: str) -> None:
-    """Save ``fig`` as ``docs/benchmarks-<name>.png`` (small: dpi 80) and close it."""
-    path = DOCS / f"benchmarks-{name}.png"
+    """Save ``fig`` as ``benchmarks/results/<name>.png`` (small: dpi 80) and close it."""
+    path = result_path(name, suffix=".png")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     fig.clf()
@@ -165,6 +171,7 @@ def per_dtype_main(description: str, argv: list[str] | None, out: Path, rounds: 
         report["runs"][name] = run
         print(name, json.dumps(run), flush=True)
     report["load_avg_end"] = os.getloadavg()[0]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(report, indent=1) + "\n")
     print("wrote", args.out)

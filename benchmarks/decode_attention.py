@@ -23,7 +23,7 @@ import argparse
 import time
 from typing import Any
 
-from benchmarks.common import DOCS, per_dtype_main, rnd
+from benchmarks.common import RESULTS, per_dtype_main, rnd
 
 
 def _best(times: list[float]) -> float:
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     def options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--width", type=int, default=465, help="padded width of the op-alone cache")
 
-    per_dtype_main(__doc__ or "", argv, DOCS / "benchmarks-decode-attention.json", 3, _measure, options)
+    per_dtype_main(__doc__ or "", argv, RESULTS / "decode-attention.json", 3, _measure, options)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,12 @@
 on one model object per dtype: ``PackedHFEngine`` (``option.hf_step=packed``) vs ``HFEngine``
 (``padded``) vs one padded static ``generate()`` batch, optionally transformers' own continuous
 batching (``ContinuousBatchingManager``, ``--hf-cb``), and vLLM's offline ``LLM.generate`` on the
-same token ids when ``/work/main/.venv-vllm`` exists (a subprocess in that venv; skipped otherwise).
+same token ids when the checkout's ``.venv-vllm`` exists (a subprocess in that venv; skipped otherwise).
 
 The engines are driven directly (``add_request`` / ``step`` / ``release``, as the scheduler does;
-``handle()`` adds < 0.4 % per step, see benchmarks.md §3). Every mode is run ``--repeat`` times,
-interleaved (packed, padded, static, packed, ...), so that load drift on a shared box hits each
-mode alike; the report keeps each run and the ratios of medians. Equality: each request's token
+``handle()`` adds < 0.4 % per step: docs/benchmarks.md, "Per-step overhead"). Every mode is run
+``--repeat`` times, interleaved (packed, padded, static, packed, ...), so that load drift on a
+shared box hits each mode alike; the report keeps each run and the ratios of medians. Equality: each request's token
 ids from every mode vs the static batch's (fp32: must be identical).
 
     python -m benchmarks.engine_compare [--n 32] [--dtype fp32,bf16] [--repeat 2] [--hf-cb]
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import DOCS, THREADS, context, pct, rnd, setup_torch
+from benchmarks.common import ROOT, THREADS, context, pct, result_path, rnd, setup_torch
 from benchmarks.workload import Job, mixed_workload
 
-VLLM_PY = Path("/work/main/.venv-vllm/bin/python")
+VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def _result(name: str, wall: float, cpu: float, times: list[list[float]], tokens: list[list[int]]) -> dict[str, Any]:
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
                              "(stock transformers)")
     parser.add_argument("--sequential", action="store_true", help="also each request alone through generate(): "
                         "the reference for token equality (else the static batch)")
-    parser.add_argument("--out", default=str(DOCS / "benchmarks-engine-compare.json"))
+    parser.add_argument("--out", help="report path (default: benchmarks/results/engine-compare.json)")
     args = parser.parse_args(argv)
     setup_torch()
     report: dict[str, Any] = {"context_start": context(), "n": args.n, "max_prefill_tokens": args.max_prefill,
@@ -296,7 +296,10 @@ def main(argv: list[str] | None = None) -> None:
         report["runs"].append(block)
         print(json.dumps({k: v for k, v in block.items()}, indent=1), flush=True)
     report["context_end"] = context()
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    out = Path(args.out) if args.out else result_path("engine-compare")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print("wrote", out)
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ def same_texts(a: RunResult, b: RunResult) -> int:
     return sum(x == y for x, y in zip(a.texts, b.texts, strict=True))
 
 
-def run_benchmark(quick: bool, n: int = 32, rate: float = 1.0, issue8: bool = False,
+def run_benchmark(quick: bool, n: int = 32, rate: float = 1.0, wide: bool = False,
                   skip_sequential: bool = False) -> dict[str, Any]:
     """Both arrival patterns, all three modes; returns the report (tables, ratios, equality)."""
     from benchmarks.workload import mixed_workload
@@ -211,10 +211,10 @@ def run_benchmark(quick: bool, n: int = 32, rate: float = 1.0, issue8: bool = Fa
     model, tok = load_hf(model_dir)
     if quick:
         kw: dict[str, Any] = {"n": 8, "prompt_range": (16, 64), "new_range": (8, 24)}
-    elif issue8:
+    elif wide:
         kw = {"n": n, "prompt_range": (16, 512), "new_range": (8, 256)}
     else:
-        kw = {"n": n}  # perf_anchors.md: 16-454 prompt, 12-123 new tokens
+        kw = {"n": n}  # the default draw: prompts 16-454 tokens, 12-123 new tokens
     report: dict[str, Any] = {"workload": {k: v for k, v in kw.items()}, "arrivals": {}}
     for label, per_s in (("all at once", 0.0), (f"Poisson {rate}/s", rate)):
         jobs = mixed_workload(tok, rate_per_s=per_s, **kw)

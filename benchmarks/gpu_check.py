@@ -1,4 +1,4 @@
-"""GPU check of the HF engine (issue 15, item 5; run by ``scripts/gpu_check.sh`` on a CUDA machine).
+"""GPU check of the HF engine (run by ``scripts/gpu_check.sh`` on a CUDA machine).
 
 On the mixed workload (``--n`` requests, all at once), on ``cuda`` in ``--dtype``: the packed HF
 engine vs one padded static ``generate()`` batch (tok/s, TTFT p50), and each request's tokens vs

@@ -4,7 +4,7 @@
 and advance the matcher along a fixed valid output (the per-step cost a constrained row adds).
 
 ``python -m benchmarks.grammar_libs`` prints the table and writes
-``docs/benchmarks-grammar-libs.json``. A library that is not installed is skipped (only
+``benchmarks/results/grammar-libs.json``. A library that is not installed is skipped (only
 xgrammar is a dependency; ``pip install llguidance outlines-core`` to compare). Single run on a
 shared box: read the orders of magnitude, not the digits.
 """

@@ -8,7 +8,7 @@ random rank-16 PEFT LoRAs on every attention and MLP projection (made with peft 
 ``grouped``). Then one forward of a mixed 4-adapter batch (no cache) compares the two strategies
 with peft's own mixed-adapter inference (``adapter_names=...``).
 
-Prints tables and writes ``docs/benchmarks-lora.json``. Read the ratios, not the absolute tok/s:
+Prints tables and writes ``benchmarks/results/lora.json``. Read the ratios, not the absolute tok/s:
 the box is shared (2 cores, other jobs running; the load average is recorded).
 """
 

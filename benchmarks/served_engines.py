@@ -1,4 +1,4 @@
-"""Issue 15's engine comparison through the same server: the mixed workload (benchmarks/workload.py,
+"""HF engine vs vLLM-CPU through the same server: the mixed workload (benchmarks/workload.py,
 32 requests, prompts 16-454 tokens, 12-123 new tokens, greedy) sent all at once by 32 concurrent
 streaming clients to ``djl-handlers serve``, once per engine and dtype:
 

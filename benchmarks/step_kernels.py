@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.common import DOCS, per_dtype_main, rnd
+from benchmarks.common import RESULTS, per_dtype_main, rnd
 
 SIZES = {"q": 576, "k": 192, "v": 192, "gate": 1536, "up": 1536}
 
@@ -188,7 +188,7 @@ def _measure(dtype: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    per_dtype_main(__doc__ or "", argv, DOCS / "benchmarks-step-kernels.json", 9, _measure)
+    per_dtype_main(__doc__ or "", argv, RESULTS / "step-kernels.json", 9, _measure)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ batch 1 and batch 16 (same model, same number of generated tokens, side by side 
 grammar compile times (the vocabulary index built once per engine, each schema cold and cached).
 
 ``python -m benchmarks.structured [--quick]`` prints the tables and writes
-``docs/benchmarks-structured[-quick].json``. Read the ratios, not the absolute numbers (shared
+``benchmarks/results/structured[-quick].json``. Read the ratios, not the absolute numbers (shared
 2-core box; the load average is recorded). CPU seconds are reported next to wall time because
 they are less sensitive to the other jobs on the machine.
 

