@@ -15,8 +15,17 @@
   "kv_cache_used_bytes": ..., "kv_cache_allocated_bytes": ..., "batch_size": 3}``. Sent on the first
   step, every ``ENGINE_STATS_EVERY_STEPS`` steps and when the batch becomes empty.
 
+- In async mode (``option.async_mode=true``) ``CANCEL_PROPERTY`` is a request property whose value
+  is the ``request_tracking_id`` of another request: the handler finishes that request in the engine
+  and answers the cancel frame itself with ``None`` (DJL's engine makes it a 204 the front end
+  ignores). ``ENGINE_STATS_PROPERTY`` is then a key of a reply's record (DJL's Java
+  ``Request.addResponse`` reads only ``data``/``last``/``code``/``error`` and skips the rest, whereas
+  an Output property would become an HTTP header).
+
 DJL's own names reused here (not extensions): property ``requestId`` (DJL's front end adds it to
-every request's Input) and record key ``step_token_num`` (DJL's Python rolling batch writes it).
+every request's Input), record key ``step_token_num`` (DJL's Python rolling batch writes it) and, in
+async mode, property ``request_tracking_id`` (DJL's ``AsyncRequestManager`` tags every request and
+expects it on every reply).
 """
 
 CANCEL_PROPERTY = "djl_handlers_cancel"
@@ -27,3 +36,4 @@ ENGINE_STATS_EVERY_STEPS = 16
 
 REQUEST_ID_PROPERTY = "requestId"  # DJL 0.34's front end: Input property carrying x-request-id
 STEP_TOKENS_KEY = "step_token_num"  # DJL's Python rolling batch: tokens this step added
+TRACKING_ID_PROPERTY = "request_tracking_id"  # DJL's async mode: one id per request and its replies

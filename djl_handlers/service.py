@@ -3,6 +3,8 @@
 ``handle(inputs)`` follows DJL's handler contract: the first call (normally the empty init call
 whose properties are the model's options) builds the service; an empty Input returns None
 (DJL answers 204); otherwise the batch is either one rolling-batch step or one dynamic batch.
+In async mode (``option.async_mode=true``, DJL's ``PythonAsyncEngine``) ``handle`` returns an
+awaitable instead, for one request (:mod:`djl_handlers.async_mode`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from djl_handlers.adapters.management import AdapterManager, lora_disabled_output
+from djl_handlers.async_mode import AsyncMode, record_output
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
+from djl_handlers.lora.management import AdapterManager, lora_disabled_output
 from djl_handlers.engines.base import Engine
 from djl_handlers.errors import DjlHandlersError, error_body
 from djl_handlers.extensions import (
@@ -55,6 +58,7 @@ class InferenceService:
         self.streaming = False
         self._steps = 0
         self.lora: Optional[AdapterManager] = None
+        self.async_mode: Optional[AsyncMode] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -82,7 +86,8 @@ class InferenceService:
             resolve_name(config.output_formatter, stream=False, config=True)  # a typo fails init, not requests
         engine = self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
-        rolling = config.is_rolling
+        is_async = _async_requested(props)
+        rolling = config.is_rolling or is_async
         if config.lora.enable_lora:
             self.lora = AdapterManager(self.engine, self._adapters_in_use)
         self.settings = ParserSettings(
@@ -98,23 +103,29 @@ class InferenceService:
             adapters=self.lora.registry if self.lora is not None else None,
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
-        if rolling:
+        if is_async:  # one request per awaited call; the engine loop is ours
+            self.async_mode = AsyncMode(self, RollingBatch(engine, self._formatter_for),
+                                        config.max_rolling_batch_size)
+        elif rolling:
             self.rolling = RollingBatch(engine, self._formatter_for)
         self.config = config
         self.initialized = True
         if in_djl_worker():  # DJL's worker process serves only this model: settle its heap
             settle("DJL worker")
         LOG.info(
-            "djl_handlers %s engine ready (%s, rolling_batch=%s)",
+            "djl_handlers %s engine ready (%s, %s)",
             self.engine_name,
             getattr(engine, "name", type(engine).__name__),  # test engines may have no name
-            config.resolved_rolling_batch(),
+            "async mode" if is_async else f"rolling_batch={config.resolved_rolling_batch()}",
         )
 
     def handle(self, inputs: Any) -> Any:
-        """DJL's handler entry: init on first call, None for an empty Input, else one batch."""
+        """DJL's handler entry: init on first call, None for an empty Input, else one batch; in
+        async mode an awaitable for one request (None, an Output or an async generator of them)."""
         if not self.initialized:
             self.initialize(inputs.get_properties())
+        if self.async_mode is not None:
+            return self.async_mode.handle(inputs)
         if inputs.is_empty():
             return None
         if self.rolling is not None:
@@ -162,6 +173,10 @@ class InferenceService:
         self._steps += 1
         if running and (self._steps - 1) % ENGINE_STATS_EVERY_STEPS:
             return
+        out.add_property(ENGINE_STATS_PROPERTY, json.dumps(self.engine_stats(running), separators=(",", ":")))
+
+    def engine_stats(self, running: int) -> dict[str, Any]:
+        """The engine's own figures (KV-cache use...) and ``batch_size``; never raises."""
         stats: dict[str, Any] = {"batch_size": running}
         usage = getattr(self.engine, "kv_cache_usage", None)
         if callable(usage):
@@ -169,23 +184,30 @@ class InferenceService:
                 stats.update(usage() or {})
             except Exception:  # noqa: BLE001 - a figure must never fail the step
                 LOG.debug("kv_cache_usage() failed", exc_info=True)
-        out.add_property(ENGINE_STATS_PROPERTY, json.dumps(stats, separators=(",", ":")))
+        return stats
 
     # -- LoRA adapters (DJL calls these with the handler property) -------------------------------
     def adapter_call(self, kind: str, inputs: Any) -> Any:
-        """``register``/``update``/``unregister`` an adapter (see :mod:`djl_handlers.adapters.management`)."""
+        """``register``/``update``/``unregister`` an adapter (see :mod:`djl_handlers.lora.management`)."""
         if not self.initialized:
             self.initialize(inputs.get_properties())
-        if self.lora is None:
-            return lora_disabled_output(inputs)
-        return getattr(self.lora, kind)(inputs)
+        out = lora_disabled_output(inputs) if self.lora is None else getattr(self.lora, kind)(inputs)
+        if self.async_mode is not None:
+            return _as_async_reply(out)
+        return out
 
     def _adapters_in_use(self) -> list[Optional[str]]:
+        if self.async_mode is not None:
+            return [name for request in self.async_mode.in_flight() for name in request.adapters]
         if self.rolling is None:
             return []  # dynamic batches finish inside one call
         return [name for slot in self.rolling.slots if not slot.finished for name in slot.request.adapters]
 
     def _parse(self, item: Any) -> Request:
+        return parse_request(item, self.settings)
+
+    def parse_one(self, item: Any) -> Request:
+        """One request's ``Input`` → ``Request`` (raises the request's error)."""
         return parse_request(item, self.settings)
 
     # -- dynamic batch -----------------------------------------------------------------------
@@ -262,6 +284,38 @@ def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
     texts = template.values() if isinstance(template, dict) else [template]
     render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]
     return render
+
+
+def _async_requested(props: Mapping[str, Any]) -> bool:
+    """Async mode: ``async_mode=true`` in the init properties (DJL's ``PyModel`` rule), or, when the
+    key is absent, a call made from inside a running event loop (DJL's async engine awaits us)."""
+    from djl_handlers.config.resolve import is_async_value
+
+    value = props.get("async_mode")
+    if value is not None:
+        return is_async_value(str(value))
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    LOG.info("async_mode is not set, but DJL's async engine called the handler: async mode")
+    return True
+
+
+async def _as_async_reply(out: Any) -> Any:
+    """A control call's Output (adapter management) as an async-mode reply: its body as one last
+    record, its status as the record's ``code``."""
+    code = int(getattr(out, "code", 200) or 200)
+    content = out.get_content() if hasattr(out, "get_content") else out.content
+    body = bytes(content.value_at(0)).decode("utf-8", "replace") if content.size() else ""
+    record: dict[str, Any] = {"data": body, "last": True}
+    if code != 200:
+        record.update(code=code, error=str(getattr(out, "message", "") or body))
+    props = out.get_properties() if hasattr(out, "get_properties") else {}
+    content_type = next((v for k, v in props.items() if k.lower() == "content-type"), "application/json")
+    return record_output(out, record, str(content_type))
 
 
 def _has_hf_config(model_dir: Any) -> bool:

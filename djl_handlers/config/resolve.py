@@ -1,4 +1,4 @@
-"""The one configuration resolver: a model directory → the configuration DJL 0.34 would run.
+"""The one configuration resolver: a model directory → the configuration DJL Serving would run.
 
 ``resolve_model(model_dir, env)`` reads ``serving.properties`` + ``OPTION_*``/``SERVING_*``/
 ``HF_MODEL_ID``/``TENSOR_PARALLEL_DEGREE`` environment variables (``config.properties``), then
@@ -26,9 +26,16 @@ DJL's rules (0.34), in order:
    ``TENSOR_PARALLEL_DEGREE`` (``max`` = number of GPUs, unset on a CPU-only machine);
    ``option.max_rolling_batch_size`` defaults to 256 for vllm/trtllm, else 32 (trtllm also
    ``option.max_num_tokens=16384``); ``option.enable_lora=true`` → ``maxWorkers=1``.
-4. The mode: rolling batch exactly when ``option.rolling_batch`` is present and not ``disable``
-   (DJL's ``PyPredictor``); otherwise dynamic batching with ``batch_size`` (or
+4. The mode: async when ``option.async_mode`` is true (DJL's ``PyModel``: each request goes to the
+   handler alone and is awaited); else rolling batch exactly when ``option.rolling_batch`` is present
+   and not ``disable`` (DJL's ``PyPredictor``); otherwise dynamic batching with ``batch_size`` (or
    ``max_dynamic_batch_size``) and ``max_batch_delay``. Never the number of requests in a call.
+
+DJL 0.35 and 0.36 changed rule 2 (``RULES_036``, the default): ``auto`` with ``SERVING_FEATURES``
+naming ``vllm`` or ``trtllm`` becomes ``disable`` **and** ``option.async_mode=true`` (set
+unconditionally, over an explicit ``false``); ``tnx`` is no longer special; ``mpi_mode=true`` comes
+only from an explicit ``rolling_batch=trtllm``; ``max_rolling_batch_size`` then defaults to 32 and
+``max_num_tokens`` is not set. ``DJL_HANDLERS_DJL_RULES=0.34`` (or ``0.36``) picks the rule set.
 
 No ML library is imported; nothing runs at import time.
 """
@@ -43,10 +50,29 @@ from pathlib import Path
 
 from djl_handlers.errors import ConfigError
 
-__all__ = ["Change", "ResolvedModel", "mode_of", "recommend", "resolve_model", "is_rolling_value"]
+__all__ = ["Change", "RULES_034", "RULES_036", "DEFAULT_RULES", "ResolvedModel", "is_async_value", "mode_of",
+           "recommend", "resolve_model", "is_rolling_value", "rules_from_env"]
 
 TEXT_GENERATION_SUFFIXES: tuple[str, ...] = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 HF_CONFIG_FILES: tuple[str, ...] = ("config.json", "params.json")
+RULES_034 = "0.34"
+RULES_036 = "0.36"
+DEFAULT_RULES = RULES_036  # the newest DJL Serving release
+RULES_ENV = "DJL_HANDLERS_DJL_RULES"
+_RULE_ALIASES = {"0.34": RULES_034, "0.35": RULES_036, "0.36": RULES_036}
+
+
+def rules_from_env(env: Mapping[str, str] | None = None) -> str:
+    """The DJL rule set ``DJL_HANDLERS_DJL_RULES`` names (``0.34``, or ``0.35``/``0.36`` = the
+    new rules); the newest by default."""
+    env = os.environ if env is None else env
+    raw = (env.get(RULES_ENV) or "").strip()
+    if not raw:
+        return DEFAULT_RULES
+    rules = _RULE_ALIASES.get(raw)
+    if rules is None:
+        raise ConfigError(f"{RULES_ENV}={raw!r}: expected one of {sorted(_RULE_ALIASES)}", field=RULES_ENV)
+    return rules
 
 
 @dataclass(frozen=True)
@@ -69,8 +95,15 @@ def is_rolling_value(value: str | None) -> bool:
     return word not in ("", "disable", "false")
 
 
+def is_async_value(value: object) -> bool:
+    """DJL's ``PyModel`` rule: async mode iff ``async_mode`` parses as true (``Boolean.parseBoolean``)."""
+    return isinstance(value, str) and value.strip().lower() == "true"
+
+
 def mode_of(options: Mapping[str, object]) -> str:
-    """``rolling`` or ``dynamic`` from the (already resolved) option map — the handler's rule."""
+    """``async``, ``rolling`` or ``dynamic`` from the (already resolved) option map — the handler's rule."""
+    if is_async_value(options.get("async_mode")):
+        return "async"
     value = options.get("rolling_batch")
     return "rolling" if is_rolling_value(value if isinstance(value, str) else None) else "dynamic"
 
@@ -130,7 +163,7 @@ class _Recorder:
             self.set(key, value, rule)
 
 
-def _rolling_rule(rec: _Recorder, archs: list[str], features: str) -> None:
+def _rolling_rule(rec: _Recorder, archs: list[str], features: str, rules: str) -> None:
     props = rec.props
     if _int(props, "batch_size", 1) > 1:
         rec.set("option.rolling_batch", "disable", "batch_size > 1 means dynamic batching")
@@ -144,7 +177,13 @@ def _rolling_rule(rec: _Recorder, archs: list[str], features: str) -> None:
         return
     if not any(a.endswith(s) for a in archs for s in TEXT_GENERATION_SUFFIXES):
         value, rule = "disable", f"architectures {archs} are not text generation"
-    elif "tnx" in features:
+    elif rules == RULES_036 and ("vllm" in features or "trtllm" in features):
+        engine = "vllm" if "vllm" in features else "trtllm"
+        rec.set("option.rolling_batch", "disable", f"SERVING_FEATURES names {engine}: DJL 0.35+ serves it in "
+                "async mode")
+        rec.set("option.async_mode", "true", f"SERVING_FEATURES names {engine} (DJL 0.35+)")
+        return
+    elif "tnx" in features and rules == RULES_034:
         big = _int(props, "option.max_rolling_batch_size", 1) >= 12
         value, rule = ("vllm" if big else "tnx"), "SERVING_FEATURES names tnx"
     elif "vllm" in features:
@@ -152,18 +191,19 @@ def _rolling_rule(rec: _Recorder, archs: list[str], features: str) -> None:
     elif "trtllm" in features:
         value, rule = "trtllm", "SERVING_FEATURES names trtllm"
     else:
-        value, rule = "disable", ("auto without SERVING_FEATURES naming vllm/trtllm/tnx (DJL 0.34's "
-                                  "LmiConfigRecommender)")
+        named = "vllm/trtllm/tnx" if rules == RULES_034 else "vllm/trtllm"
+        value, rule = "disable", f"auto without SERVING_FEATURES naming {named} (DJL {rules}'s LmiConfigRecommender)"
     rec.set("option.rolling_batch", value, rule)
 
 
-def recommend(props: Mapping[str, str], model_dir: str | Path,
-              env: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[Change], str | None]:
-    """Apply DJL 0.34's ``configureLmiModel`` to full-key properties.
+def recommend(props: Mapping[str, str], model_dir: str | Path, env: Mapping[str, str] | None = None,
+              rules: str | None = None) -> tuple[dict[str, str], list[Change], str | None]:
+    """Apply DJL's ``configureLmiModel`` (rule set ``rules``, default from the env) to full-key properties.
 
     Returns ``(new properties, changes, config file read or None)``.
     """
     env = os.environ if env is None else env
+    rules = rules or rules_from_env(env)
     rec = _Recorder(dict(props))
     features = env.get("SERVING_FEATURES", "") or ""
     config_file = find_hf_config(Path(model_dir), rec.props.get("option.model_id"))
@@ -171,7 +211,7 @@ def recommend(props: Mapping[str, str], model_dir: str | Path,
         if "trtllm" in features:
             rec.set("option.mpi_mode", "true", "SERVING_FEATURES names trtllm (no model config found)")
         return rec.props, rec.changes, None
-    _rolling_rule(rec, _architectures(config_file), features)
+    _rolling_rule(rec, _architectures(config_file), features, rules)
     if rec.props.get("option.rolling_batch") == "trtllm":
         rec.set("option.mpi_mode", "true", "rolling_batch=trtllm runs under MPI")
     rec.default("option.pipeline_parallel_degree", env.get("PIPELINE_PARALLEL_DEGREE") or "1",
@@ -202,6 +242,7 @@ class ResolvedModel:
     changes: tuple[Change, ...] = ()
     hf_config: str | None = None
     warnings: tuple[str, ...] = field(default=())
+    rules: str = DEFAULT_RULES
 
     @property
     def rolling_batch(self) -> str | None:
@@ -210,15 +251,27 @@ class ResolvedModel:
 
     @property
     def mode(self) -> str:
+        """``async``, ``rolling`` or ``dynamic``."""
         return mode_of(self.options)
 
+    @property
+    def async_mode(self) -> bool:
+        """True when DJL's Python engine would run this model in async mode."""
+        return self.mode == "async"
+
     def why(self) -> str:
-        """One sentence: why this mode."""
+        """One sentence: why this mode (naming the DJL rule set applied)."""
         value = self.rolling_batch
         rewrite = next((c for c in self.changes if c.key == "option.rolling_batch"), None)
+        if self.async_mode:
+            made = next((c for c in self.changes if c.key == "option.async_mode"), None)
+            if made is not None:
+                return (f"option.rolling_batch={self.written_rolling_batch or '(unset)'} with {made.rule}: "
+                        f"DJL {self.rules}'s rules choose async mode (option.async_mode=true)")
+            return "option.async_mode=true: async mode (each request is awaited alone; the handler runs its engine loop)"
         if rewrite is not None:
             return (f"option.rolling_batch={self.written_rolling_batch or '(unset)'} became "
-                    f"{rewrite.after!r} as DJL 0.34 does: {rewrite.rule}")
+                    f"{rewrite.after!r} as DJL {self.rules} does: {rewrite.rule}")
         if value is None:
             return ("option.rolling_batch is unset" + ("" if self.hf_config else
                     " and no model config.json is readable, so DJL leaves it unset") +
@@ -228,13 +281,16 @@ class ResolvedModel:
         return f"option.rolling_batch={value}: rolling batch"
 
 
-def _warnings(written: str | None, changes: list[Change]) -> list[str]:
+def _warnings(written: str | None, changes: list[Change], rules: str) -> list[str]:
     out = []
     for change in changes:
         if change.key == "option.rolling_batch":
-            out.append(f"DJL Serving 0.34 rewrites option.rolling_batch={written or '(unset)'} to "
+            out.append(f"DJL Serving {rules} rewrites option.rolling_batch={written or '(unset)'} to "
                        f"{change.after!r} ({change.rule}); djl-handlers serve does the same. "
                        "Set option.rolling_batch explicitly (e.g. scheduler) to choose the mode.")
+        elif change.key == "option.async_mode":
+            out.append(f"DJL Serving {rules} sets option.async_mode=true ({change.rule}); "
+                       "djl-handlers serve does the same.")
     return out
 
 
@@ -249,16 +305,17 @@ def resolve_model(model_dir: str | os.PathLike[str], env: Mapping[str, str] | No
     )
 
     env = os.environ if env is None else env
+    rules = rules_from_env(env)
     path = Path(model_dir).resolve()
     if not path.is_dir():
         raise ConfigError(f"model directory {str(model_dir)!r} does not exist", field="model_dir")
     props = apply_env(read_serving_properties(path), env)
     written = props.get("option.rolling_batch")
-    props, changes, config_file = recommend(props, path, env)
+    props, changes, config_file = recommend(props, path, env, rules)
     server, options = split_properties(props)
     entry_point = resolve_entry_point(path, ModelProperties(str(path), server, options), env)
     return ResolvedModel(
         model_name=path.name, model_dir=str(path), entry_point=entry_point, server=server,
         options=options, written_rolling_batch=written, changes=tuple(changes), hf_config=config_file,
-        warnings=tuple(_warnings(written, changes)),
+        warnings=tuple(_warnings(written, changes, rules)), rules=rules,
     )

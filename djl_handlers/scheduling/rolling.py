@@ -41,18 +41,30 @@ class RollingBatch:
     # -- admission ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> RequestSlot:
         """Append a parsed request; failures become an error slot, never an exception."""
+        slot, engine_request = self.prepare(request)
+        self.slots.append(slot)
+        if engine_request is not None:
+            try:
+                self.engine.add_request(engine_request)
+                slot.in_engine = True
+            except Exception as exc:  # noqa: BLE001
+                slot.fail(message_of(exc), status_of(exc))
+        return slot
+
+    def prepare(self, request: Request) -> tuple[RequestSlot, Optional[EngineRequest]]:
+        """A new slot for ``request`` and what to give the engine (None: the slot already failed,
+        e.g. its prompt does not tokenize or is too long). Adds nothing to the batch."""
         slot_id = self._new_id()
         try:
             formatter = self._formatter_factory(request)
         except DjlHandlersError as exc:
-            return self.add_error(exc, request)
+            return error_slot(exc, request, None, slot_id), None
         try:
             prompt_ids = self._tokenize(request)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
             slot = RequestSlot(request, formatter, slot_id)
             slot.fail(_naming_field(exc), status_of(exc))
-            self.slots.append(slot)
-            return slot
+            return slot, None
         slot = RequestSlot(
             request,
             formatter,
@@ -62,25 +74,14 @@ class RollingBatch:
             eos_token_ids=self.engine.eos_token_ids,
             max_model_len=self.engine.max_model_len,
         )
-        self.slots.append(slot)
-        try:
-            self.engine.add_request(EngineRequest(slot_id, prompt_ids, request.params, request.prompt,
-                                                    request.adapter_of(0)))
-            slot.in_engine = True
-        except Exception as exc:  # noqa: BLE001
-            slot.fail(message_of(exc), status_of(exc))
-        return slot
+        return slot, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, request.adapter_of(0))
 
     def add_error(
         self, exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None
     ) -> RequestSlot:
         """Append a slot for a request that could not be parsed; it reports the error at once,
         rendered by ``formatter`` (the request's API dialect; default: DJL's LMI rendering)."""
-        from djl_handlers.formatting import get_formatter
-
-        stub = request or _error_request()
-        slot = RequestSlot(stub, formatter or get_formatter("json", stream=False), self._new_id())
-        slot.fail(_naming_field(exc), status_of(exc))
+        slot = error_slot(exc, request, formatter, self._new_id())
         self.slots.append(slot)
         return slot
 
@@ -138,6 +139,16 @@ class RollingBatch:
             if slot.in_engine:
                 self._release(slot)
         self.slots = []
+
+
+def error_slot(exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None,
+               slot_id: int = 0) -> RequestSlot:
+    """A finished slot whose one record reports ``exc`` (rendered by ``formatter``, default LMI's json)."""
+    from djl_handlers.formatting import get_formatter
+
+    slot = RequestSlot(request or _error_request(), formatter or get_formatter("json", stream=False), slot_id)
+    slot.fail(_naming_field(exc), status_of(exc))
+    return slot
 
 
 def _error_request() -> Request:

@@ -1,0 +1,195 @@
+"""The service in DJL's async mode: each request is awaited alone; the engine loop is ours.
+
+DJL's ``PythonAsyncEngine`` (``option.async_mode=true``; the default of DJL 0.35+ for the vllm and
+trtllm features) awaits ``handle(inputs)`` once per request, tagged with ``request_tracking_id``, and
+expects ``None`` (init), an ``Output``, or an async generator of ``Output``s. Each reply ``Output``
+carries one content item: the rolling-batch record ``{data, last[, code, error]}`` that DJL's Java
+``Request.addResponse`` reads (HTTP body = the ``data`` of all records; a ``code`` before any data is
+the status, the body then ``{"error", "code"}``), and its ``Content-Type`` as a property.
+
+:class:`AsyncMode` turns one request into those replies with the same parser, slots and formatters as
+the rolling batch, so greedy texts and bytes equal sync mode's. Engines that speak the step protocol
+run under an :class:`~djl_handlers.scheduling.async_driver.AsyncDriver` (their own thread);
+engines with a native asynchronous API (:class:`~djl_handlers.engines.streaming.AsyncEngine`: vLLM's
+``AsyncLLM``, TensorRT-LLM's ``generate_async``) are awaited directly on the event loop.
+
+Cancellation: a frame whose property ``djl_handlers_cancel`` names another request's
+``request_tracking_id`` finishes that request in the engine (our front end sends it when a client
+goes away or a request times out); closing a request's reply generator does the same.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Optional
+
+from djl_handlers.errors import DjlHandlersError, message_of, status_of
+from djl_handlers.extensions import (
+    API_PROPERTY,
+    CANCEL_PROPERTY,
+    ENGINE_STATS_EVERY_STEPS,
+    ENGINE_STATS_PROPERTY,
+    REQUEST_ID_PROPERTY,
+    TRACKING_ID_PROPERTY,
+)
+from djl_handlers.io.compat import new_output
+from djl_handlers.scheduling.async_driver import AsyncDriver, Subscription
+from djl_handlers.scheduling.rolling import RollingBatch, error_slot
+
+if TYPE_CHECKING:
+    from djl_handlers.service import InferenceService
+
+__all__ = ["AsyncMode", "record_output"]
+
+LOG = logging.getLogger(__name__)
+
+
+def record_output(like: Any, record: dict[str, Any], content_type: str) -> Any:
+    """One async-mode reply: ``record`` as the Output's only content item, ``Content-Type`` set."""
+    out = new_output(like)
+    out.add_property("Content-Type", content_type)
+    out.add(type(out).binary_encode(record))
+    return out
+
+
+class AsyncMode:
+    """One request per awaited call (see the module docstring); built by the service at init."""
+
+    def __init__(self, service: InferenceService, batch: RollingBatch, max_running: int) -> None:
+        self._service = service
+        self._batch = batch
+        self._native = _native_async(batch.engine)
+        self._driver: Optional[AsyncDriver] = None
+        if self._native is None:
+            self._driver = AsyncDriver(batch, max_running, after_step=self._after_step)
+        self._live: dict[str, Subscription | _NativeRun] = {}
+        self._steps = 0
+
+    @property
+    def driver(self) -> Optional[AsyncDriver]:
+        """The engine loop (None for engines with their own asynchronous API)."""
+        return self._driver
+
+    def in_flight(self) -> list[Any]:
+        """The requests being served (their ``Request`` records)."""
+        return [live.request for live in self._live.values()]
+
+    async def handle(self, inputs: Any) -> Any:
+        """DJL's async handler call for one request (the init call is answered by the service)."""
+        if inputs.is_empty():
+            return None
+        target = inputs.get_property(CANCEL_PROPERTY)
+        if target:
+            self.cancel(str(target))
+            return None
+        tracking = str(inputs.get_property(TRACKING_ID_PROPERTY) or "")
+        try:
+            request = self._service.parse_one(inputs)
+        except DjlHandlersError as exc:
+            LOG.info("RequestId=[%s] rejected: %s", inputs.get_property(REQUEST_ID_PROPERTY) or "-", exc)
+            from djl_handlers.formatting.registry import error_formatter
+
+            slot = error_slot(exc, formatter=error_formatter(inputs.get_property(API_PROPERTY)))
+            return record_output(inputs, slot.record(), slot.content_type)
+        if self._native is not None:
+            run = _NativeRun(self._batch, self._native, request)
+            return self._replies(inputs, tracking, run, run.records())
+        assert self._driver is not None
+        sub = self._driver.submit(request)
+        return self._replies(inputs, tracking, sub, sub.records())
+
+    async def _replies(self, like: Any, tracking: str, live: Subscription | _NativeRun,
+                       records: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """The request's replies, one Output per record that carries data (and the last one)."""
+        if tracking:
+            self._live[tracking] = live
+        try:
+            async for record, content_type, extra in records:
+                if extra:
+                    record = dict(record)
+                    record[ENGINE_STATS_PROPERTY] = json.dumps(extra, separators=(",", ":"))
+                yield record_output(like, record, content_type)
+        except Exception as exc:  # noqa: BLE001 - the engine failed this request: its last record
+            LOG.exception("async request failed")
+            yield record_output(like, {"data": "", "last": True, "code": status_of(exc), "error": message_of(exc)},
+                                "application/json")
+        finally:
+            if tracking:
+                self._live.pop(tracking, None)
+
+    def cancel(self, tracking_id: str) -> bool:
+        """Cancel the request DJL tagged ``tracking_id``; False when it is not (or no longer) here."""
+        live = self._live.get(tracking_id)
+        if live is None:
+            return False
+        live.cancel()
+        return True
+
+    def _after_step(self, running: int) -> Optional[dict[str, Any]]:
+        """On the engine thread after each step: retire unused adapters; engine figures every
+        ``ENGINE_STATS_EVERY_STEPS`` steps and when the batch has just emptied."""
+        service = self._service
+        if service.lora is not None:
+            service.lora.retire_unused()
+        self._steps += 1
+        if running and (self._steps - 1) % ENGINE_STATS_EVERY_STEPS:
+            return None
+        return service.engine_stats(running)
+
+    def close(self) -> None:
+        """Stop the engine loop thread."""
+        if self._driver is not None:
+            self._driver.close()
+
+
+class _NativeRun:
+    """One request on an engine with its own asynchronous API: the slot turns its token events into
+    records exactly as in the rolling batch."""
+
+    def __init__(self, batch: RollingBatch, engine: Any, request: Any) -> None:
+        self.request = request
+        self._engine = engine
+        self.slot, self._engine_request = batch.prepare(request)
+
+    async def records(self) -> AsyncIterator[Any]:
+        slot = self.slot
+        if self._engine_request is None:  # the slot failed before the engine saw it
+            yield slot.record(), slot.content_type, None
+            return
+        exhausted = False
+        try:
+            async for outputs in self._engine.generate_async(self._engine_request):
+                for step in outputs:
+                    slot.consume(step)
+                record = slot.record()
+                if record.get("data") or record.get("last"):
+                    yield record, slot.content_type, None
+                if slot.finished:  # a stop rule, max_new_tokens or a cancel ended it here
+                    return
+            exhausted = True
+            if not slot.finished:  # the engine's stream ended without a finish of ours
+                slot.finish("length")
+                yield slot.record(), slot.content_type, None
+        finally:
+            if not exhausted:
+                await _abort_quietly(self._engine, self._engine_request.request_id)
+
+    def cancel(self) -> None:
+        """Finish now: the next record is the last (empty), then the engine aborts the request."""
+        self.slot.cancel()
+
+
+async def _abort_quietly(engine: Any, request_id: int) -> None:
+    try:
+        await engine.abort_async(request_id)
+    except Exception:  # noqa: BLE001 - aborting a finished request must never fail a reply
+        LOG.debug("abort_async(%s) failed", request_id, exc_info=True)
+
+
+def _native_async(engine: Any) -> Any:
+    """The engine itself when it has an asynchronous API (``generate_async`` + ``abort_async``)."""
+    if callable(getattr(engine, "generate_async", None)) and callable(getattr(engine, "abort_async", None)):
+        return engine
+    return None

@@ -1,0 +1,196 @@
+"""Async mode (DJL's ``PythonAsyncEngine``) on the fake engine: one request per awaited call, the
+engine loop on its own thread, the same bytes as the rolling batch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from djl_handlers.engines.fake import REPLY, FakeEngine
+from djl_handlers.service import InferenceService
+from djl_handlers.testing.async_loop import AsyncAnswer, AsyncModeClient
+from djl_handlers.testing.java_loop import RollingBatchDriver, json_request
+
+
+def make_client(**options: str) -> tuple[AsyncModeClient, InferenceService, FakeEngine]:
+    engine = FakeEngine()
+    service = InferenceService("huggingface", engine_factory=lambda config: engine)
+    return AsyncModeClient(service.handle), service, engine
+
+
+async def _started(**options: str) -> tuple[AsyncModeClient, InferenceService, FakeEngine]:
+    client, service, engine = make_client()
+    assert await client.init({"rolling_batch": "disable", **options}) is None
+    return client, service, engine
+
+
+def _sync_text(payload: dict[str, Any]) -> tuple[str, str]:
+    """The rolling batch's answer to ``payload`` (body, content type)."""
+    engine = FakeEngine()
+    service = InferenceService("huggingface", engine_factory=lambda config: engine)
+    driver = RollingBatchDriver(service.handle)
+    driver.init({"rolling_batch": "auto"})
+    req = driver.submit(json_request(payload))
+    driver.run()
+    return req.text, req.headers.get("Content-Type", "")
+
+
+PAYLOADS = [
+    {"inputs": "hi", "parameters": {"max_new_tokens": 9, "details": True}},
+    {"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 4}},
+    {"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 5, "details": True}},
+    {"inputs": "hello", "parameters": {"max_new_tokens": 6, "stop": ["lo"]}},
+]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS, ids=["json-details", "jsonlines", "jsonlines-details", "stop"])
+def test_async_answers_equal_the_rolling_batch_byte_for_byte(payload: dict[str, Any]) -> None:
+    async def main() -> AsyncAnswer:
+        client, service, _ = await _started()
+        try:
+            return await client.request(payload)
+        finally:
+            assert service.async_mode is not None
+            service.async_mode.close()
+
+    answer = asyncio.run(main())
+    text, content_type = _sync_text(payload)
+    assert answer.code == 200
+    assert answer.text == text
+    assert answer.headers["Content-Type"] == content_type
+
+
+def test_streaming_request_gets_one_reply_per_token() -> None:
+    async def main() -> AsyncAnswer:
+        client, service, _ = await _started()
+        answer = await client.request({"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 4}})
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answer
+
+    answer = asyncio.run(main())
+    assert len(answer.records) == 4
+    assert [json.loads(x)["token"]["text"] for x in answer.text.splitlines()] == list(REPLY[:4])
+
+
+def test_concurrent_requests_share_the_batch_and_a_bad_one_gets_400_naming_the_field() -> None:
+    async def main() -> list[AsyncAnswer]:
+        client, service, engine = await _started()
+        answers = await asyncio.gather(
+            client.request({"inputs": "a", "parameters": {"max_new_tokens": 6}}),
+            client.request({"inputs": "b", "parameters": {"max_new_tokens": -1}}),
+            client.request({"inputs": "c", "stream": True, "parameters": {"max_new_tokens": 3}}),
+            client.request(b"{not json"),
+        )
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answers
+
+    good, bad, streamed, broken = asyncio.run(main())
+    assert json.loads(good.text)["generated_text"] == REPLY[:6]
+    assert bad.code == 400 and "max_new_tokens" in (bad.error or "")
+    assert json.loads(bad.text) == {"error": bad.error, "code": 400}
+    assert json.loads(streamed.text.splitlines()[-1])["generated_text"] == REPLY[:3]
+    assert broken.code == 400 and "JSON" in (broken.error or "")
+
+
+def test_engine_failure_of_one_request_leaves_its_neighbour_running() -> None:
+    async def main() -> list[AsyncAnswer]:
+        client, service, _ = await _started()
+        answers = await asyncio.gather(
+            client.request({"inputs": "fine", "parameters": {"max_new_tokens": 5}}),
+            client.request({"inputs": "x <fail@2>", "parameters": {"max_new_tokens": 5}}),
+        )
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answers
+
+    ok, bad = asyncio.run(main())
+    assert bad.code == 424 and "fake failure" in (bad.error or "")
+    assert json.loads(ok.text)["generated_text"] == REPLY[:5]
+
+
+def test_requests_beyond_max_rolling_batch_size_wait_and_all_finish() -> None:
+    async def main() -> tuple[list[AsyncAnswer], int]:
+        client, service, engine = await _started(max_rolling_batch_size="2")
+        peak = 0
+
+        async def watch() -> None:
+            nonlocal peak
+            driver = service.async_mode.driver  # type: ignore[union-attr]
+            while True:
+                peak = max(peak, driver.running)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.ensure_future(watch())
+        answers = await asyncio.gather(*[
+            client.request({"inputs": str(i), "parameters": {"max_new_tokens": 3 + i}}) for i in range(5)])
+        watcher.cancel()
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answers, peak
+
+    answers, peak = asyncio.run(main())
+    assert [json.loads(a.text)["generated_text"] for a in answers] == [REPLY[:3 + i] for i in range(5)]
+    assert peak <= 2
+
+
+def test_cancel_frame_finishes_the_request_in_the_engine() -> None:
+    async def main() -> tuple[AsyncAnswer, Any, FakeEngine]:
+        client, service, engine = await _started()
+        answer = AsyncAnswer()
+        task = asyncio.ensure_future(client.stream(
+            {"inputs": "long", "stream": True, "parameters": {"max_new_tokens": 200}}, answer, tracking_id="t-1"))
+        while len(answer.records) < 2:
+            await asyncio.sleep(0.001)
+        reply = await client.cancel("t-1")
+        await asyncio.wait_for(task, 10)
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answer, reply, engine
+
+    answer, reply, engine = asyncio.run(main())
+    assert reply is None
+    assert answer.records[-1]["last"].lower() == "true"
+    assert len(answer.records) < 200
+    assert not engine.has_unfinished()
+
+
+def test_closing_the_reply_generator_cancels_the_request() -> None:
+    async def main() -> FakeEngine:
+        client, service, engine = await _started()
+        from djl_handlers.io.inputs import Input
+
+        gen = await service.handle(Input.from_parts(
+            {"Content-Type": "application/json", "request_tracking_id": "x"},
+            [("data", json.dumps({"inputs": "z", "stream": True, "parameters": {"max_new_tokens": 500}}).encode())]))
+        await gen.__anext__()
+        await gen.aclose()
+        for _ in range(200):
+            if not engine.has_unfinished():
+                break
+            await asyncio.sleep(0.005)
+        service.async_mode.close()  # type: ignore[union-attr]
+        return engine
+
+    assert not asyncio.run(main()).has_unfinished()
+
+
+def test_sync_handle_unchanged_without_async_mode() -> None:
+    client, service, _ = make_client()
+    from djl_handlers.io.inputs import Input
+
+    assert service.handle(Input.from_parts({"rolling_batch": "auto"}, [])) is None
+    assert service.async_mode is None
+
+
+def test_async_mode_detected_from_the_running_loop_when_the_key_is_absent() -> None:
+    async def main() -> bool:
+        _, service, _ = make_client()
+        from djl_handlers.io.inputs import Input
+
+        assert await service.handle(Input.from_parts({"rolling_batch": "disable"}, [])) is None
+        found = service.async_mode is not None
+        if service.async_mode is not None:
+            service.async_mode.close()
+        return found
+
+    assert asyncio.run(main())
