@@ -18,7 +18,7 @@ mkdir -p "$out_dir"
 out="$out_dir/gpu-check-$(date -u +%Y%m%d).jsonl"
 : > "$out"
 status=0
-STEP_LIMIT=${GPU_CHECK_STEP_S:-240}  # seconds per step, so that one hung step cannot eat the lease
+STEP_LIMIT=${GPU_CHECK_STEP_S:-240}  # seconds per step, so that one hung step cannot use up a time-limited GPU machine
 for args in "--n 32 --dtype fp32" "--n 32 --dtype bf16" "--n 512 --dtype bf16"; do
   echo "gpu_check: $args"
   # shellcheck disable=SC2086

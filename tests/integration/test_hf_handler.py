@@ -1,6 +1,6 @@
 """The Hugging Face entry point on the real embedded SmolLM2 (fp32), driven like DJL drives it.
 
-Covers issue 3's must-shows at the handler level: the seed's request/response shapes from the
+Covers, at the handler level: LMI v0.27's request/response shapes from the
 real model, greedy equality with ``model.generate()`` for requests joining a running batch,
 per-request seeds, and a stop sequence spanning a token boundary.
 """
