@@ -20,10 +20,13 @@ class BuildPyWithExamples(build_py):
 
             shutil.copytree(source, Path(self.build_lib) / "djl_handlers" / "examples", dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "README.md"))
+
+
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
+# peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
 HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm",
-      "peft>=0.17", "xgrammar>=0.2.8,<0.3"]  # peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
+      "peft>=0.17", "xgrammar>=0.2.8,<0.3"]
 # uvloop + httptools: uvicorn's fast event loop and HTTP parser (picked automatically when installed)
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20",
           "uvloop>=0.19; sys_platform != 'win32' and platform_python_implementation == 'CPython'",
@@ -52,7 +55,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["djl_handlers", "djl_handlers.*"]),
     include_package_data=True,
-    package_data={"djl_handlers": ["py.typed"]},
+    # The kernels' C sources: compiled on the target machine at first use or by
+    # `python -m djl_handlers.kernels.prebuild` (-march=native), so the wheel stays py3-none-any.
+    package_data={"djl_handlers": ["py.typed"], "djl_handlers.kernels": ["*.c", "*.h"]},
     cmdclass={"build_py": BuildPyWithExamples},
     install_requires=[],
     extras_require=EXTRAS,

@@ -1,12 +1,15 @@
 """Build a C kernel of this package into a shared library at first use, and load it with ctypes.
 
-The source ships inside the package (``djl_handlers/kernels/<name>.c``). The library is compiled
-once per source, compiler and CPU into a cache folder (``DJL_HANDLERS_KERNEL_DIR``, else
+The source ships inside the package (``djl_handlers/kernels/<name>.c``, package data of the wheel
+and the sdist). The library is compiled once per source, compiler and CPU into a cache folder
+outside the package, so a read-only site-packages works (:func:`cache_dir`:
+``DJL_HANDLERS_KERNEL_DIR``, else ``$DJL_HANDLERS_CACHE/kernels``, else
 ``$XDG_CACHE_HOME/djl_handlers/kernels``, else ``~/.cache/djl_handlers/kernels``) and loaded from
 there afterwards: the file name carries a hash of the source, the flags, the compiler's version and
 the CPU's feature flags, so a cache shared between different machines never loads a library built
 for another CPU (``-march=native``). Concurrent first builds (several workers) are safe: each
-compiles to a private temporary file and renames it into place.
+compiles to a private temporary file and renames it into place. ``python -m
+djl_handlers.kernels.prebuild`` compiles every kernel ahead of the first request (an image build).
 
 Why C + ctypes rather than a torch C++ extension: a plain C file compiles in about a second with
 no torch headers and no pybind (a torch extension takes minutes on a 2-core box), and its OpenMP
@@ -48,12 +51,29 @@ _errors: dict[str, str] = {}
 
 
 def cache_dir() -> Path:
-    """Where built libraries are kept."""
+    """Where built libraries are kept: ``$DJL_HANDLERS_KERNEL_DIR``, else ``kernels`` in the
+    package's cache root (``$DJL_HANDLERS_CACHE``, as the embedded model uses), else in the user's
+    cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``djl_handlers/kernels``)."""
     explicit = os.environ.get("DJL_HANDLERS_KERNEL_DIR")
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
+    root = os.environ.get("DJL_HANDLERS_CACHE")
+    if root:
+        return Path(root).expanduser() / "kernels"
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "djl_handlers" / "kernels"
+
+
+def source(name: str) -> Path:
+    """The C file of kernel ``name`` in this (installed or checked-out) copy of the package."""
+    return HERE / f"{name}.c"
+
+
+def loaded() -> dict[str, Path | None]:
+    """Each kernel this process has tried to load, with the library file it loaded (None when it
+    could not be built; :func:`error` says why)."""
+    with _lock:
+        return {name: None if lib is None else Path(lib._name) for name, lib in _loaded.items()}
 
 
 def compiler() -> str | None:
@@ -138,13 +158,13 @@ class _BuildError(RuntimeError):
 
 
 def _build_and_load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
-    source = HERE / f"{name}.c"
-    if not source.is_file():
-        raise _BuildError(f"{source} is missing from the installed package")
+    c_file = source(name)
+    if not c_file.is_file():
+        raise _BuildError(f"{c_file} is missing from the installed package")
     cc = compiler()
     if cc is None:
         raise _BuildError("no C compiler found (set CC, or install gcc)")
-    text = source.read_bytes()
+    text = c_file.read_bytes()
     version = _version(cc)
     problems = []
     for base_flags, libs in zip(FLAG_SETS, LIBS, strict=True):
@@ -155,7 +175,7 @@ def _build_and_load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL
         ).hexdigest()[:16]
         target = cache_dir() / f"{name}-{digest}.so"
         if not target.exists():
-            problem = _compile(cc, source, target, flags, libs)
+            problem = _compile(cc, c_file, target, flags, libs)
             if problem:
                 problems.append(problem)
                 continue
@@ -166,7 +186,7 @@ def _build_and_load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL
     raise _BuildError("; ".join(problems))
 
 
-def _compile(cc: str, source: Path, target: Path, flags: tuple[str, ...], libs: tuple[str, ...]) -> str | None:
+def _compile(cc: str, c_file: Path, target: Path, flags: tuple[str, ...], libs: tuple[str, ...]) -> str | None:
     """Compile, then link (separately: see :data:`LINK_FLAGS`), into ``target`` atomically; returns
     a problem description or None."""
     try:
@@ -174,10 +194,10 @@ def _compile(cc: str, source: Path, target: Path, flags: tuple[str, ...], libs: 
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
     except OSError as exc:
-        return f"cannot write to {target.parent}: {exc}"
+        return f"cannot write to {target.parent}: {exc} (set DJL_HANDLERS_KERNEL_DIR to a writable folder)"
     obj = tmp + ".o"  # unique as tmp is
     try:
-        for cmd in ([cc, *flags, "-c", "-o", obj, str(source)], [cc, *LINK_FLAGS, "-o", tmp, obj, *libs]):
+        for cmd in ([cc, *flags, "-c", "-o", obj, str(c_file)], [cc, *LINK_FLAGS, "-o", tmp, obj, *libs]):
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if done.returncode != 0:
                 return f"{' '.join(cmd)} failed: {done.stderr.strip()[-400:]}"

@@ -6,7 +6,10 @@ the wheel from the unpacked sdist, as ``build`` does). The wheel is installed in
 venv (``venv --without-pip``, ``pip --python``) that then borrows the main venv's third-party
 packages through a ``.pth`` line, written only after the install so that pip never sees the
 checkout's editable install. The ``djl-handlers`` console script then runs from a directory
-outside the repository. Marked ``slow`` (about 10-20 s on two cores).
+outside the repository, and the HF engine's default configuration runs there with the installed
+package made read-only: every C kernel must build from the installed sources (``python -m
+djl_handlers.kernels.prebuild``, as the image build runs it) and load, with no compiler run at the
+first request. Marked ``slow`` (about a minute on two cores).
 """
 
 from __future__ import annotations
@@ -16,11 +19,13 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
 import tarfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +33,7 @@ import pytest
 from conftest_models import embedded_dir, tiny_dir  # noqa: F401
 
 from djl_handlers.__about__ import __version__
+from djl_handlers.kernels import build as kernel_build
 
 pytestmark = pytest.mark.slow
 
@@ -36,8 +42,8 @@ PACKAGE = "djl_handlers"
 CLI = REPO / PACKAGE / "cli.py"
 DEFAULT_EXAMPLE = "hf-rolling-batch"
 TIMEOUT = 300
-SKIP_EXAMPLES = ("setup.py does not yet copy serving.properties.examples/ into the package as "
-                 "djl_handlers/examples/ (a build_py hook plus MANIFEST.in graft)")
+# The kernels of the checkout: each <name>.c must reach the wheel, the sdist and the installed copy.
+KERNELS = sorted(p.stem for p in (REPO / PACKAGE / "kernels").glob("*.c"))
 
 
 @dataclass(frozen=True)
@@ -147,15 +153,20 @@ def test_sdist_rebuilds_the_package(artifacts: Artifacts) -> None:
     assert not any(n.startswith("djl_python/") for n in names)
 
 
-def _examples_packaged(source: Path) -> bool:
-    setup = (source / "setup.py").read_text(encoding="utf-8")
-    return (source / PACKAGE / "examples").is_dir() or "serving.properties.examples" in setup
+def test_wheel_and_sdist_ship_every_kernel_source(artifacts: Artifacts, wheel_names: set[str]) -> None:
+    assert KERNELS, "the checkout has no kernels/*.c: this test would check nothing"
+    expected = {f"{PACKAGE}/kernels/{name}.c" for name in KERNELS}
+    assert expected - wheel_names == set(), "kernel sources missing from the wheel (setup.py package_data)"
+    with tarfile.open(artifacts.sdist) as tar:
+        sdist = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert expected - sdist == set(), "kernel sources missing from the sdist (MANIFEST.in)"
+    with zipfile.ZipFile(artifacts.wheel) as zf:
+        for name in sorted(expected):
+            assert zf.read(name) == (REPO / name).read_bytes(), f"{name} in the wheel differs from the checkout's"
 
 
 def test_wheel_ships_the_default_example(artifacts: Artifacts, wheel_names: set[str]) -> None:
     """``djl-handlers serve`` without MODEL_DIR needs ``djl_handlers/examples/hf-rolling-batch``."""
-    if not _examples_packaged(artifacts.source):
-        pytest.skip(SKIP_EXAMPLES)
     shipped = f"{PACKAGE}/examples/{DEFAULT_EXAMPLE}/serving.properties"
     assert shipped in wheel_names
     with zipfile.ZipFile(artifacts.wheel) as zf:
@@ -195,9 +206,10 @@ def venv(artifacts: Artifacts, tmp_path_factory: pytest.TempPathFactory) -> Venv
     return Venv(python, root / "bin" / "djl-handlers", site, workdir, env)
 
 
-def _in_venv(venv: Venv, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(args), cwd=venv.workdir, env=venv.env, capture_output=True, text=True,
-                            timeout=TIMEOUT)
+def _in_venv(venv: Venv, *args: str, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(list(args), cwd=venv.workdir, env={**venv.env, **(env or {})}, capture_output=True,
+                            text=True, timeout=TIMEOUT)
     if check:
         assert result.returncode == 0, f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     return result
@@ -243,29 +255,134 @@ def test_cli_check_rejects_a_bad_value(venv: Venv, tmp_path: Path) -> None:
     assert result.returncode == 1 and "dtype" in result.stderr, result.stderr
 
 
-def test_cli_default_model_dir_exists_when_installed(venv: Venv, artifacts: Artifacts) -> None:
+def test_cli_default_model_dir_exists_when_installed(venv: Venv) -> None:
     _cli_or_skip(venv)
-    if not _examples_packaged(artifacts.source):
-        pytest.skip(SKIP_EXAMPLES)
     code = "from djl_handlers.cli import default_model_dir; print(default_model_dir())"
     path = Path(_in_venv(venv, str(venv.python), "-c", code).stdout.strip())
     assert path.is_relative_to(venv.site) and (path / "serving.properties").is_file()
 
 
-def test_cli_generate_on_a_tiny_model(venv: Venv, tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
-    _cli_or_skip(venv)
-    model = tmp_path / "tiny"
-    model.mkdir()
-    (model / "serving.properties").write_text(
+def _tiny_model(folder: Path, tiny_dir: Path, extra: str = "") -> Path:  # noqa: F811
+    """A model directory for the tiny model: rolling batch, otherwise the HF engine's defaults."""
+    folder.mkdir()
+    (folder / "serving.properties").write_text(
         "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
-        f"option.model_id={tiny_dir}\noption.rolling_batch=scheduler\noption.dtype=fp32\n",
+        f"option.model_id={tiny_dir}\noption.rolling_batch=scheduler\n{extra}",
         encoding="utf-8",
     )
+    return folder
+
+
+def test_cli_generate_on_a_tiny_model(venv: Venv, tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
+    _cli_or_skip(venv)
+    model = _tiny_model(tmp_path / "tiny", tiny_dir, "option.dtype=fp32\n")
     body = json.dumps({"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4, "details": True}})
     result = _in_venv(venv, str(venv.script), "generate", str(model), body)
     answer = json.loads(result.stdout)
     assert isinstance(answer["generated_text"], str)
     assert answer["details"]["generated_tokens"] == 4 and answer["details"]["finish_reason"] == "length"
+
+
+def _set_writable(root: Path, writable: bool) -> None:
+    bits = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+    for path in [root, *root.rglob("*")]:
+        mode = path.stat().st_mode
+        path.chmod(mode | stat.S_IWUSR if writable else mode & ~bits)
+
+
+def _package_files(venv: Venv) -> set[str]:
+    """The installed package's files, bytecode caches aside (root ignores the read-only bits)."""
+    package = venv.site / PACKAGE
+    return {p.relative_to(package).as_posix() for p in package.rglob("*") if "__pycache__" not in p.parts}
+
+
+@dataclass(frozen=True)
+class KernelCache:
+    """``python -m djl_handlers.kernels.prebuild`` run in the venv into a fresh cache folder."""
+
+    folder: Path
+    cc_log: Path  # one line per call of the compiler wrapper
+    env: dict[str, str]
+    prebuild: subprocess.CompletedProcess[str]
+    package_before: set[str]
+
+    def cc_calls(self) -> list[str]:
+        return self.cc_log.read_text(encoding="utf-8").splitlines() if self.cc_log.is_file() else []
+
+
+@pytest.fixture(scope="module")
+def kernel_cache(venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelCache]:
+    """The installed package made read-only, then the image build's warm-up step run in the venv,
+    through a wrapper around the real compiler that logs its calls."""
+    real = kernel_build.compiler()
+    if real is None:
+        pytest.skip("no C compiler (set CC or install gcc): the kernels cannot be built here")
+    base = tmp_path_factory.mktemp("kernels")
+    log, wrapper = base / "cc.log", base / "cc"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{shutil.which(real)}" "$@"\n',
+                       encoding="utf-8")
+    wrapper.chmod(0o755)
+    env = {"CC": str(wrapper), "DJL_HANDLERS_KERNEL_DIR": str(base / "cache")}
+    package = venv.site / PACKAGE
+    before = _package_files(venv)
+    _set_writable(package, False)
+    try:
+        result = _in_venv(venv, str(venv.python), "-m", "djl_handlers.kernels.prebuild", check=False, env=env)
+        yield KernelCache(base / "cache", log, env, result, before)
+    finally:
+        _set_writable(package, True)
+
+
+def test_prebuild_compiles_every_kernel_from_the_installed_sources(venv: Venv, kernel_cache: KernelCache) -> None:
+    result = kernel_cache.prebuild
+    assert result.returncode == 0, f"prebuild failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines[0] == {"cache_dir": str(kernel_cache.folder)}
+    records = {r["kernel"]: r for r in lines[1:]}
+    assert sorted(records) == KERNELS
+    for name, record in records.items():
+        assert Path(record["source"]) == venv.site / PACKAGE / "kernels" / f"{name}.c", record
+        assert Path(record["library"]).parent == kernel_cache.folder and Path(record["library"]).is_file(), record
+    compiles = [c for c in kernel_cache.cc_calls() if " -c " in c]
+    assert sorted({Path(c.split()[-1]).stem for c in compiles}) == KERNELS
+    assert _package_files(venv) == kernel_cache.package_before, "the build wrote into site-packages"
+
+
+# Runs one request through `djl-handlers generate` in process, then reports every kernel the engine
+# tried: the library it loaded (or why not) and where the module and its C source came from.
+_PROBE = """
+import importlib, json, sys
+from djl_handlers import cli
+from djl_handlers.kernels import build
+rc = cli.main(["generate", sys.argv[1], sys.argv[2]])
+kernels = {name: {"library": lib and str(lib), "error": build.error(name), "source": str(build.source(name)),
+                  "module": importlib.import_module("djl_handlers.kernels." + name).__file__}
+           for name, lib in build.loaded().items()}
+json.dump({"rc": rc, "kernels": kernels}, open(sys.argv[3], "w"))
+"""
+
+
+def test_installed_hf_engine_loads_every_kernel_without_compiling(venv: Venv, kernel_cache: KernelCache,
+                                                                  tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
+    """The HF engine's default configuration (no ``cpu_*`` option) in the venv uses every kernel of
+    the checkout, each built from the installed copy's source and loaded from the prebuilt cache."""
+    model = _tiny_model(tmp_path / "tiny-defaults", tiny_dir)
+    calls_before = len(kernel_cache.cc_calls())
+    body = json.dumps({"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4}})
+    out = tmp_path / "kernels.json"
+    _in_venv(venv, str(venv.python), "-c", _PROBE, str(model), body, str(out), env=kernel_cache.env)
+    report = json.loads(out.read_text(encoding="utf-8"))
+    assert report["rc"] == 0
+    kernels = report["kernels"]
+    assert sorted(kernels) == KERNELS, "the default configuration should use every kernel in djl_handlers/kernels"
+    for name, kernel in kernels.items():
+        assert kernel["error"] is None and kernel["library"], f"{name}: {kernel['error']}"
+        for key in ("module", "source"):
+            assert Path(kernel[key]).is_relative_to(venv.site), f"{name}'s {key} is {kernel[key]}, not the wheel's"
+        assert Path(kernel["library"]).parent == kernel_cache.folder, kernel
+    calls = kernel_cache.cc_calls()[calls_before:]
+    assert not [c for c in calls if " -c " in c], "compiled at the first request despite the prebuilt cache"
+    assert _package_files(venv) == kernel_cache.package_before, "the engine wrote into site-packages"
 
 
 def test_build_script_builds_the_wheel(artifacts: Artifacts, tmp_path: Path) -> None:
