@@ -1,4 +1,5 @@
-"""Documents cite only what ships: every relative link and every cited file path exists in the checkout."""
+"""Documents cite only what ships: every relative link and every cited file path exists in the checkout,
+and every ``#anchor`` of a link to a Markdown file names one of its headings."""
 
 from __future__ import annotations
 
@@ -26,6 +27,47 @@ def test_links_and_cited_files_exist(doc: Path) -> None:
     missing = [t for t in _relative_links(text) if not (doc.parent / t).exists()]
     missing += [c for c in CITED.findall(text) if not (REPO / c).exists() and "*" not in c]
     assert not missing, f"{doc.relative_to(REPO)} cites what does not ship: {missing}"
+
+
+ANCHORED = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
+HEADING = re.compile(r"#{1,6} (.+)")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of ``text``: lower case, punctuation dropped, spaces as
+    hyphens, ``-1``, ``-2`` ... for repeats; headings inside code fences do not count."""
+    anchors: set[str] = set()
+    fenced = False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := HEADING.match(line)):
+            base = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
+            anchor, n = base, 0
+            while anchor in anchors:
+                n += 1
+                anchor = f"{base}-{n}"
+            anchors.add(anchor)
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_link_anchors_name_a_heading(doc: Path) -> None:
+    broken = []
+    for target, anchor in ANCHORED.findall(doc.read_text(encoding="utf-8")):
+        path = doc.parent / target if target else doc
+        if re.match(r"[a-z]+:", target) or path.suffix != ".md" or not path.exists():
+            continue  # external, not Markdown, or reported by the test above
+        if anchor not in heading_anchors(path.read_text(encoding="utf-8")):
+            broken.append(f"{target}#{anchor}")
+    assert not broken, f"{doc.relative_to(REPO)} links to headings that do not exist: {broken}"
+
+
+def test_heading_anchors_follow_githubs_rules() -> None:
+    text = "# Benchmarks\n## GPU check (H200)\n## Front end vs DJL Serving's ModelServer\n## Memory\n## Memory\n" \
+           "```\n# not a heading\n```\n"
+    assert heading_anchors(text) == {"benchmarks", "gpu-check-h200", "front-end-vs-djl-servings-modelserver",
+                                     "memory", "memory-1"}
 
 
 def test_the_checker_sees_a_missing_reference() -> None:
