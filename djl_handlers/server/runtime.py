@@ -4,18 +4,22 @@ Exactly one frame is on the worker's socket at a time; all state lives on the ev
 drivers:
 
 * dynamic batching: gather up to ``batch_size`` requests for up to ``max_batch_delay`` ms, send one
-  frame (:func:`.protocol.batch_frame`), split the reply; a streamed reply is relayed chunk by chunk.
+  frame (``protocol.dynamic.batch_frame``), split the reply; a streamed reply is relayed chunk by chunk.
   The exchange runs on one dedicated thread (``run_in_executor`` on a single-thread pool);
-* rolling batch, driven by the worker (:mod:`.worker_steps`): the worker keeps the in-flight list and
+* rolling batch, driven by the worker (``protocol.worker_steps``): the worker keeps the in-flight list and
   steps while it holds requests; the front end sends it deltas (new requests, at most
   ``max_rolling_batch_size`` in flight, the rest wait in the queue; cancellations) over a channel on
   the event loop (:mod:`.worker_channel`) and delivers each step's records as they arrive. Control
   calls (adapters) and restarts stay on the thread: the worker is paused between steps and the
   channel closed while they run; an asyncio lock keeps them apart;
 * rolling batch with a worker that is not ours (``DJL_HANDLERS_WORKER_SCRIPT``, e.g. DJL's own
-  ``djl_python_engine.py``): DJL's protocol, :class:`.protocol.FrontEndBatch` building every step's
+  ``djl_python_engine.py``): DJL's protocol, ``protocol.rolling.FrontEndBatch`` building every step's
   frame, the exchange on the event loop (:mod:`.loop_exchange`), step n+1 sent before step n's
   records are delivered (docs/benchmarks.md, section 4).
+
+In async mode (``option.async_mode=true``) the worker runs its own engine loop: each request is sent
+alone as soon as it is taken and answered as it progresses (:mod:`.async_loop`, DJL's
+``AsyncRequestManager``), on a channel like the worker-driven batch's.
 
 A worker that dies fails only the requests it held (error chunk or 500 JSON) and is restarted with
 the init call. :meth:`ModelRuntime.drain` implements graceful shutdown.
@@ -31,25 +35,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from djl_handlers.io import wire
+from djl_handlers.protocol.dynamic import batch_frame, looks_like_record, split_batch
+from djl_handlers.protocol.messages import BatchFailure, Reply, WorkerRequest
+from djl_handlers.protocol.rolling import FrontEndBatch, FrontEndSlot, Record
+from djl_handlers.protocol.worker_steps import PAUSED, Delta, apply_reply, delta_frame
 from djl_handlers.server.adapters import FrontAdapters, startup_adapters
+from djl_handlers.server.async_loop import AsyncRequests
 from djl_handlers.server.loop_exchange import start_call
-from djl_handlers.server.protocol import (
-    BatchFailure,
-    FrontEndBatch,
-    FrontEndSlot,
-    Record,
-    Reply,
-    WorkerRequest,
-    batch_frame,
-    looks_like_record,
-    split_batch,
-)
 from djl_handlers.server.settings import ServerSettings
 from djl_handlers.server.sink import ResponseSink, error_json
 from djl_handlers.server.telemetry import Telemetry
 from djl_handlers.server.worker_channel import StepChannel
 from djl_handlers.server.worker_process import StartupError, WorkerDied, WorkerProcess, WorkerSpec
-from djl_handlers.server.worker_steps import PAUSED, Delta, apply_reply, delta_frame
 
 __all__ = ["ModelRuntime", "QueueFull", "ShuttingDown"]
 
@@ -79,7 +76,7 @@ class ModelRuntime:
         self.worker = worker or WorkerProcess(WorkerSpec(
             model_dir=settings.model_dir, entry_point=settings.entry_point,
             init_properties=settings.init_properties(), predict_timeout_s=settings.predict_timeout_s,
-            loading_timeout_s=settings.loading_timeout_s, env=settings.worker_env,
+            loading_timeout_s=settings.loading_timeout_s, env=settings.worker_env, async_mode=settings.async_mode,
         ))
         self.telemetry = Telemetry(
             settings.model_name, running=lambda: self.in_flight, waiting=self.queue_depth,
@@ -107,6 +104,9 @@ class ModelRuntime:
         self._controls = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._async = AsyncRequests(self)  # async mode: the requests the worker holds, by tracking id
+        self._async_cancels: set[str] = set()
+        self._async_controls: deque[tuple[dict[str, str], list[tuple[str | None, bytes]], asyncio.Future[Any]]] = deque()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -127,12 +127,20 @@ class ModelRuntime:
 
     def _register_on_worker(self, adapter: Any) -> None:
         frame = self.worker.call(*adapter.frame("register_adapter"))
+        if self.settings.async_mode:
+            frame = _record_frame(frame)
         if frame.code >= 300:
             raise StartupError(f"Failed to register adapter {adapter.name}: {frame.message}")
 
     async def control(self, properties: dict[str, str], content: list[tuple[str | None, bytes]]) -> wire.OutputFrame:
         """One non-inference call (adapter management) on the worker thread, between batch steps."""
         loop = asyncio.get_running_loop()
+        if self.settings.async_mode:  # as DJL: through the async channel, answered by a record
+            future: asyncio.Future[Any] = loop.create_future()
+            self._async_controls.append((properties, content, future))
+            self._poke()
+            reply = await asyncio.wait_for(future, self.settings.predict_timeout_s)
+            return _record_frame(reply)
         self._controls += 1  # the rolling loop pauses the worker and closes its channel for it
         self._poke()
         try:
@@ -148,7 +156,9 @@ class ModelRuntime:
         """Start the scheduling loop and the worker watchdog on the running event loop."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        if not self.settings.rolling:
+        if self.settings.async_mode:
+            loop_fn = self._async_loop
+        elif not self.settings.rolling:
             loop_fn = self._dynamic_loop
         else:
             loop_fn = self._delta_loop if self.worker.drives_steps() else self._step_loop
@@ -185,7 +195,7 @@ class ModelRuntime:
             await asyncio.sleep(0.05)
         for sink in list(self.outstanding):
             sink.fail(503, _rolling_error(503, "the server shut down before the request finished")
-                      if self.settings.rolling else
+                      if self.settings.rolling or self.settings.async_mode else
                       error_json(503, "ServiceUnavailableException", "the server is shutting down"))
         self._queue.clear()
 
@@ -215,7 +225,10 @@ class ModelRuntime:
 
     def _cancelled(self, sink: ResponseSink) -> None:
         self.metrics.cancelled.inc()
-        if sink.slot is not None:
+        tracking = getattr(sink, "tracking_id", None)
+        if tracking is not None:
+            self._async_cancels.add(tracking)
+        elif sink.slot is not None:
             sink.slot.cancelled = True
             if sink.slot.slot_id in self._view:
                 self._cancels.add(sink.slot.slot_id)
@@ -333,7 +346,7 @@ class ModelRuntime:
     # ------------------------------------------------------------------ rolling batch
 
     async def _delta_loop(self) -> None:
-        """The worker-driven rolling batch (:mod:`.worker_steps`): the worker steps on its own while
+        """The worker-driven rolling batch (``protocol.worker_steps``): the worker steps on its own while
         it holds requests; this loop sends it deltas (new requests, cancellations, a pause before a
         control call) and delivers each step's records as its reply arrives. It holds the I/O lock
         while the channel is open."""
@@ -527,8 +540,11 @@ class ModelRuntime:
             slot.owner.fail(code, _rolling_error(code, message))
 
     def _deliver(self, slot: FrontEndSlot, record: Record, headers: dict[str, str]) -> None:
+        """Apply one record to its slot's HTTP response."""
+        self._deliver_to(slot.owner, record, headers)
+
+    def _deliver_to(self, sink: ResponseSink, record: Record, headers: dict[str, str]) -> None:
         """Apply one record to its HTTP response, the way DJL's ``Request.addResponse`` does."""
-        sink: ResponseSink = slot.owner
         if sink.done:
             return  # cancelled or already failed: discard until the slot finishes
         if not sink.started or record.code is not None:  # the head is fixed by the first record only
@@ -545,3 +561,83 @@ class ModelRuntime:
             sink.write(record.data.encode("utf-8"))
         if record.last:
             sink.finish()
+
+    # ------------------------------------------------------------------ async mode
+
+    async def _async_loop(self) -> None:
+        """DJL's async mode (:mod:`.async_loop`): send each request alone as it is taken, route every
+        reply by its tracking id; cancel dropped and overdue requests in the engine."""
+        assert self._wake is not None and self._loop is not None
+        held = self._async
+        channel: StepChannel | None = None
+        timeout = self.settings.predict_timeout_s
+        try:
+            while True:
+                self._wake.clear()
+                if channel is not None:
+                    frames = channel.frames
+                    while frames:
+                        held.take(frames.popleft(), self._deliver_to)
+                    if channel.failure is not None:
+                        channel.close()
+                        held.fail_all(500, lambda code, why: _rolling_error(code, why), channel.failure)
+                        channel = None
+                        self._io_lock.release()
+                if channel is None:
+                    if not self.worker.alive():
+                        held.fail_all(500, lambda code, why: _rolling_error(code, why), "the worker process died")
+                        await self._restart()
+                        continue
+                    await self._io_lock.acquire()
+                    channel = StepChannel(self._loop, self.worker, self._poke)
+                    continue
+                self._send_async(channel)
+                for tracking in held.overdue(self._loop.time(), timeout):
+                    sink = held.held.pop(tracking).owner
+                    held.send_cancel(channel, tracking)
+                    if isinstance(sink, asyncio.Future):
+                        continue  # control calls time out in control()
+                    sink.fail(503, _rolling_error(503, f"no reply from the engine within predict_timeout "
+                                                       f"({timeout:.0f} s); the request was cancelled"))
+                self.in_flight = len(held.held)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), min(1.0, timeout))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if channel is not None:
+                channel.close()
+
+    def _send_async(self, channel: StepChannel) -> None:
+        """Send every waiting request, cancellation and control call to the worker."""
+        held = self._async
+        while self._async_controls:
+            properties, content, future = self._async_controls.popleft()
+            if not future.done():
+                held.send_request(channel, properties, content, future)
+        while self._queue:
+            request, sink = self._queue.popleft()
+            if sink.done:
+                continue
+            self.telemetry.admitted(sink.trace)
+            sink.tracking_id = held.send_request(channel, request.properties, [("data", request.data())], sink)
+        cancels, self._async_cancels = self._async_cancels, set()
+        for tracking in cancels:
+            if held.held.pop(tracking, None) is not None:
+                held.send_cancel(channel, tracking)
+
+
+def _record_frame(frame: wire.OutputFrame) -> wire.OutputFrame:
+    """An async-mode reply (one record) as the plain frame a control call's caller reads: the
+    record's ``code`` (else the frame's) as status, its ``data`` as the body."""
+    from djl_handlers.protocol.rolling import decode_record
+
+    if frame.code != 200 or not frame.content:
+        return frame
+    try:
+        record = decode_record(bytes(frame.content[0][1]))
+    except ValueError:
+        return frame
+    properties = {k: v for k, v in frame.properties.items() if k != "request_tracking_id"}
+    return wire.OutputFrame(record.code or 200, record.error or frame.message, properties,
+                            [(None, record.data.encode("utf-8"))])

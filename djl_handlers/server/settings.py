@@ -1,7 +1,8 @@
 """The server's view of a model directory: DJL's model settings, resolved once.
 
 ``config.resolve.resolve_model`` (the one resolver, shared with the worker's init call and
-``djl-handlers check``) gives the effective properties after DJL 0.34's rewrite and the mode;
+``djl-handlers check``) gives the effective properties after DJL's rewrite (0.34's or 0.36's rules)
+and the mode (``async``, ``rolling`` or ``dynamic``);
 this module adds the server's limits:
 
 * dynamic batching with ``batch_size`` (server key, or ``max_dynamic_batch_size``, or
@@ -45,10 +46,13 @@ class ServerSettings:
     handler: str = "handle"
     worker_env: dict[str, str] = field(default_factory=dict)
     resolved: ResolvedModel | None = None
+    async_mode: bool = False
 
     @property
     def mode(self) -> str:
-        """``rolling`` or ``dynamic``."""
+        """``async``, ``rolling`` or ``dynamic``."""
+        if self.async_mode:
+            return "async"
         return "rolling" if self.rolling else "dynamic"
 
     def init_properties(self) -> dict[str, str]:
@@ -79,6 +83,7 @@ class ServerSettings:
             "modeReason": self.resolved.why() if self.resolved else None,
             "djlRewrites": [c.describe() for c in self.resolved.changes] if self.resolved else [],
             "modelConfig": self.resolved.hf_config if self.resolved else None,
+            "djlRules": self.resolved.rules if self.resolved else None,
         }
 
 
@@ -126,5 +131,5 @@ def load_settings(model_dir: str | os.PathLike[str], env: Mapping[str, str] | No
         loading_timeout_s=_number(options.get("model_loading_timeout", env.get("MODEL_LOADING_TIMEOUT")),
                                   240.0, "option.model_loading_timeout", 1),
         handler=options.get("handler") or "handle",
-        worker_env=_worker_env(options.get("env")), resolved=resolved,
+        worker_env=_worker_env(options.get("env")), resolved=resolved, async_mode=resolved.async_mode,
     )

@@ -53,6 +53,7 @@ class ResponseSink:
         self.done = False
         self.cancelled = False
         self.slot: Any = None
+        self.tracking_id: str | None = None  # async mode: the request_tracking_id the worker knows it by
         self.trace: Any = None  # the runtime's telemetry record (server/telemetry.py)
         self.created = time.monotonic()
         self._on_done = on_done

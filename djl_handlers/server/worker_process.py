@@ -1,7 +1,7 @@
 """One worker process per model, spoken to over a unix socket (DJL's ``PyProcess``/``Connection``).
 
-:class:`WorkerProcess` starts ``python -m djl_handlers.worker`` (or, with env
-``DJL_HANDLERS_WORKER_SCRIPT``, any script taking DJL's worker arguments, e.g. DJL's own
+:class:`WorkerProcess` starts our worker (``python -m`` ``protocol.startup.WORKER_MODULE``; or, with
+env ``DJL_HANDLERS_WORKER_SCRIPT``, any script taking DJL's worker arguments, e.g. DJL's own
 ``djl_python_engine.py``) with the model directory as working directory and ``PYTHONPATH`` = the
 directory holding ``djl_handlers`` + the model directory + the existing ``PYTHONPATH``; waits for
 ``Python engine started.`` on its stdout; connects; sends the init call. All methods block, so the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from djl_handlers.io import wire
-from djl_handlers.worker.engine import STARTED_LINE
+from djl_handlers.protocol.startup import STARTED_LINE, WORKER_MODULE, recommended_for
 
 __all__ = ["StartupError", "WorkerDied", "WorkerProcess", "WorkerSpec", "openmp_defaults"]
 
@@ -54,6 +54,7 @@ class WorkerSpec:
     start_timeout_s: float = 120.0
     env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
+    async_mode: bool = False  # DJL's --async-mode: requests are sent alone and answered as they finish
 
 
 #: How long an idle OpenMP thread spins before it sleeps (GNU libgomp's unit, ~10-20 µs here). libgomp's
@@ -121,19 +122,18 @@ class WorkerProcess:
 
     @staticmethod
     def drives_steps() -> bool:
-        """True when the worker is ours (``python -m djl_handlers.worker``), which runs rolling steps on its
-        own (:mod:`.worker_steps`); a ``DJL_HANDLERS_WORKER_SCRIPT`` worker speaks DJL's protocol only."""
+        """True when the worker is ours (``WORKER_MODULE``), which runs rolling steps on its own
+        (``protocol.worker_steps``); a ``DJL_HANDLERS_WORKER_SCRIPT`` worker speaks DJL's protocol only."""
         return not os.environ.get("DJL_HANDLERS_WORKER_SCRIPT")
 
     def _command(self, sock_path: str) -> list[str]:
         script = os.environ.get("DJL_HANDLERS_WORKER_SCRIPT")
-        head = [self.spec.python, script] if script else [self.spec.python, "-m", "djl_handlers.worker"]
+        head = [self.spec.python, script] if script else [self.spec.python, "-m", WORKER_MODULE]
         command = head + [
             "--sock-type", "unix", "--sock-name", sock_path, "--model-dir", self.spec.model_dir,
             "--entry-point", self.spec.entry_point, "--device-id", self.spec.device_id,
+            "--async-mode" if self.spec.async_mode else "--no-async-mode",
         ]
-        from djl_handlers.worker.loader import recommended_for
-
         recommended = recommended_for(self.spec.entry_point, self.spec.model_dir)
         if recommended:  # DJL 0.34 passes it too: the fallback when model.py has no handler function
             command += ["--recommended-entry-point", recommended]

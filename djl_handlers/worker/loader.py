@@ -1,7 +1,8 @@
 """Load a handler entry point and call it the way DJL's Python engine does.
 
-Shared by the socket worker (:mod:`djl_handlers.worker.engine`) and the in-process transport used by
-``djl-handlers generate``, so both map handler results and exceptions identically:
+Shared by the socket worker (:mod:`djl_handlers.worker.process`) and the in-process transport used by
+``djl-handlers generate`` (:mod:`djl_handlers.worker.in_process`), so both map handler results and
+exceptions identically:
 
 * ``None`` → ``Output(code=204, message="No content")``;
 * a value without ``send`` (not an ``Output``) → 424 ``Invalid output type: ...``;
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -22,8 +24,9 @@ from types import ModuleType
 from typing import Any
 
 from djl_handlers.errors import message_of, status_of
+from djl_handlers.protocol.startup import recommended_for
 
-__all__ = ["HandlerService", "load_entry_point", "map_exception", "map_result", "recommended_for"]
+__all__ = ["HandlerService", "load_entry_point", "map_exception", "map_result"]
 
 _LOG = logging.getLogger(__name__)
 _OOM_NAMES = ("OutOfMemoryError", "MemoryError")
@@ -89,23 +92,6 @@ def map_result(result: Any) -> Any:
     return result
 
 
-def recommended_for(entry_point: str, model_dir: str | os.PathLike[str]) -> str | None:
-    """The handler a model file falls back to when it has no handler function (``None`` if none).
-
-    Only a model file (``model.py``) falls back; it is computed from the model directory's
-    serving.properties + env (``config.properties.recommended_entry_point``).
-    """
-    if not entry_point.endswith(".py"):
-        return None
-    from djl_handlers.config.properties import recommended_for_model_dir
-
-    try:
-        return recommended_for_model_dir(Path(model_dir))
-    except Exception:  # an unreadable serving.properties: no fallback, the missing function is reported
-        _LOG.exception("cannot compute the recommended entry point for %s", model_dir)
-        return None
-
-
 class HandlerService:
     """One entry point, loaded once on first use, called per message like DJL's ``ModelService``.
 
@@ -146,6 +132,35 @@ class HandlerService:
 
         Never raises for a handler problem: every failure becomes an error ``Output``.
         """
+        function = self._function(inputs)
+        if not callable(function):
+            return function  # the error Output
+        try:
+            result = function(inputs)
+        except Exception as exc:
+            _LOG.exception("handler %s failed", self.entry_point)
+            return map_exception(exc)
+        return map_result(result)
+
+    async def invoke_async(self, inputs: Any) -> Any:
+        """DJL's async engine's call: ``await`` the handler function; an ``Output``, an async
+        generator of them, or the error ``Output`` (507 for OOM, else 424) — never raises."""
+        function = self._function(inputs)
+        if not callable(function):
+            return function
+        try:
+            result = function(inputs)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            _LOG.exception("handler %s failed", self.entry_point)
+            return map_exception(exc)
+        if inspect.isasyncgen(result):
+            return result
+        return map_result(result)
+
+    def _function(self, inputs: Any) -> Any:
+        """The handler function ``inputs`` names, or an error ``Output`` saying why there is none."""
         name = getattr(inputs, "function_name", None) or inputs.get_properties().get("handler") or "handle"
         inputs.get_properties()["model_dir"] = self.model_dir
         try:
@@ -166,9 +181,4 @@ class HandlerService:
         self._verified = True
         if not callable(function):
             return _output_class()().error(f"entry point {self.entry_point!r} has no function {name!r}")
-        try:
-            result = function(inputs)
-        except Exception as exc:
-            _LOG.exception("handler %s.%s failed", self.entry_point, name)
-            return map_exception(exc)
-        return map_result(result)
+        return function
