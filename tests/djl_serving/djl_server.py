@@ -1,13 +1,16 @@
-"""Run a model directory on DJL Serving 0.34's real front end, offline, on 127.0.0.1.
+"""Run a model directory on DJL Serving's real front end (0.34 or 0.36), offline, on 127.0.0.1.
 
-``tests/djl_serving/fetch.sh`` fills ``tests/djl_serving/lib`` (git-ignored) with
-``ai.djl.serving.ModelServer`` (from Maven Central, or built from DJL Serving's source) and DJL's
-Python engine jar. :class:`DjlServer` starts ``ModelServer -m NAME=file:///abs/dir`` with its own
-``MODEL_SERVER_HOME`` (``conf/config.properties``: inference and management address on
-127.0.0.1), its own ``java.io.tmpdir`` (the Python worker's Unix socket is
-``${java.io.tmpdir}/djl_sock.<port>``, a fixed name per port) and its own DJL cache. The Python
-worker is DJL's own ``djl_python_engine.py`` from the jar, run by ``python`` (default: this
-interpreter, so the worker imports ``djl_handlers`` from this checkout).
+``tests/djl_serving/fetch.sh`` fills one git-ignored folder per release (:data:`LIB_DIRS`:
+``lib/`` for 0.34, ``lib-0.36.0/`` for 0.36) with ``ai.djl.serving.ModelServer`` (from Maven
+Central, or built from DJL Serving's source) and DJL's Python engine (its own jar in 0.34; built
+into the front end's jar in 0.36). :class:`DjlServer` (``version="0.34"`` by default, or
+``"0.36"``) starts ``ModelServer -m NAME=file:///abs/dir`` with its own ``MODEL_SERVER_HOME``
+(``conf/config.properties``: inference and management address on 127.0.0.1), its own
+``java.io.tmpdir`` (the Python worker's Unix socket is ``${java.io.tmpdir}/djl_sock.<port>``, a
+fixed name per port) and its own fresh DJL cache (PyEnv extracts ``djl_python`` once per cache
+folder and never again, so a shared one would mix releases). The Python worker is DJL's own
+``djl_python_engine.py`` from the jar, run by ``python`` (default: this interpreter, so the worker
+imports ``djl_handlers`` from this checkout); ``DJL_HANDLERS_DJL_RULES`` names the release to it.
 
 It never reaches the network: ``DJL_OFFLINE``/``OPT_OUT_TRACKING``/``-Dai.djl.offline=true`` are
 always set, inherited ``HF_MODEL_ID``/``OPTION_*``/``SERVING_*`` variables are dropped, and a
@@ -17,10 +20,10 @@ of anything else. A test/developer tool, not part of the installed package. Usag
 
     import sys; sys.path.insert(0, "tests/djl_serving")
     from djl_server import DjlServer
-    with DjlServer("path/to/model_dir", env={"OPTION_ROLLING_BATCH": "scheduler"}) as server:
+    with DjlServer("path/to/model_dir", version="0.36", env={"OPTION_ROLLING_BATCH": "scheduler"}) as server:
         httpx.post(server.url + "/invocations", json={"inputs": "hi"})
 
-or ``python tests/djl_serving/djl_server.py MODEL_DIR [--port P]`` (``make serve-djl``).
+or ``python tests/djl_serving/djl_server.py MODEL_DIR [--port P] [--version 0.36]`` (``make serve-djl``).
 """
 
 from __future__ import annotations
@@ -44,7 +47,11 @@ from typing import IO, Optional
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
-DEFAULT_LIB = HERE / "lib"
+DEFAULT_VERSION = "0.34"
+# release (major.minor) -> the folder fetch.sh builds it into, and the full version it builds
+LIB_DIRS = {"0.34": HERE / "lib", "0.36": HERE / "lib-0.36.0"}
+RELEASES = {"0.34": "0.34.0", "0.36": "0.36.0"}
+DEFAULT_LIB = LIB_DIRS[DEFAULT_VERSION]
 MAIN_CLASS = "ai.djl.serving.ModelServer"
 _WORKER_LINE = re.compile(r"PyProcess W-\S+-(?:stdout|stderr): (.*)$")
 # Always on, whatever the caller's environment says: no start-up call to DJL's metadata address.
@@ -57,11 +64,25 @@ class DjlServerError(RuntimeError):
     """The DJL server could not be located, started or reached."""
 
 
-def find_lib(lib_dir: Optional[os.PathLike[str] | str] = None) -> Path:
-    """Return the jar folder: ``lib_dir``, else ``$DJL_SERVING_LIB``, else ``tests/djl_serving/lib``."""
-    path = Path(lib_dir or os.environ.get("DJL_SERVING_LIB") or DEFAULT_LIB).resolve()
-    if not any(path.glob("serving-*.jar")) or not any(path.glob("python-*.jar")):
-        raise DjlServerError(f"no DJL Serving jars in {path}: run tests/djl_serving/fetch.sh")
+def release(version: str) -> str:
+    """``0.34``/``0.34.0`` → ``0.34``; an unknown release is an error."""
+    short = ".".join(str(version).split(".")[:2])
+    if short not in LIB_DIRS:
+        raise DjlServerError(f"DJL Serving {version!r} is not built here: choose one of {sorted(LIB_DIRS)}")
+    return short
+
+
+def find_lib(lib_dir: Optional[os.PathLike[str] | str] = None, version: str = DEFAULT_VERSION) -> Path:
+    """Return the jar folder: ``lib_dir``, else (0.34 only) ``$DJL_SERVING_LIB``, else the release's folder.
+
+    A folder is usable when it holds the front end (``serving-*.jar``) and DJL's Python engine
+    extracted to ``python/djl_python_engine.py`` (fetch.sh does both).
+    """
+    short = release(version)
+    env_lib = os.environ.get("DJL_SERVING_LIB") if short == DEFAULT_VERSION else None
+    path = Path(lib_dir or env_lib or LIB_DIRS[short]).resolve()
+    if not any(path.glob("serving-*.jar")) or not (path / "python" / "djl_python_engine.py").is_file():
+        raise DjlServerError(f"no DJL Serving {RELEASES[short]} jars in {path}: run tests/djl_serving/fetch.sh")
     return path
 
 
@@ -163,9 +184,11 @@ def write_log_config(run_dir: Path) -> Path:
 
 
 def build_env(
-    run_dir: Path, port: int, python: str, extra: Optional[Mapping[str, str]] = None
+    run_dir: Path, port: int, python: str, extra: Optional[Mapping[str, str]] = None,
+    version: str = DEFAULT_VERSION,
 ) -> dict[str, str]:
-    """The server's environment: offline switches, private caches, our interpreter, ``extra`` on top."""
+    """The server's environment: offline switches, private caches, our interpreter, the DJL rule set
+    of ``version`` for our handler, ``extra`` on top."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -184,6 +207,7 @@ def build_env(
         TRANSFORMERS_OFFLINE="1",
         SERVING_INFERENCE_ADDRESS=address,
         SERVING_MANAGEMENT_ADDRESS=address,
+        DJL_HANDLERS_DJL_RULES=release(version),
     )
     env.update(extra or {})
     env.update(OFFLINE_ENV)  # not overridable
@@ -203,12 +227,14 @@ class DjlServer:
         lib_dir: Optional[os.PathLike[str] | str] = None,
         env: Optional[Mapping[str, str]] = None,
         startup_timeout: float = 240.0,
+        version: str = DEFAULT_VERSION,
     ) -> None:
+        self.version = release(version)
         self.model_dir = Path(model_dir).resolve()
         self.name = name or self.model_dir.name
         self.port = port or free_port()
         self.python = python or sys.executable
-        self.lib = find_lib(lib_dir)
+        self.lib = find_lib(lib_dir, self.version)
         self.origin = lib_origin(self.lib)
         self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -240,7 +266,7 @@ class DjlServer:
         self._proc = subprocess.Popen(
             cmd,
             cwd=self.run_dir,
-            env=build_env(self.run_dir, self.port, self.python, self.extra_env),
+            env=build_env(self.run_dir, self.port, self.python, self.extra_env, self.version),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -360,12 +386,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("model_dir")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--name", default=None, help="model name (default: the folder name)")
-    parser.add_argument("--lib", default=None, help="jar folder (default: tests/djl_serving/lib)")
+    parser.add_argument("--version", default=DEFAULT_VERSION, choices=sorted(LIB_DIRS),
+                        help=f"DJL Serving release (default {DEFAULT_VERSION})")
+    parser.add_argument("--lib", default=None, help="jar folder (default: the release's folder under tests/djl_serving)")
     parser.add_argument("--python", default=None, help="worker interpreter (default: this one)")
     args = parser.parse_args(argv)
     try:
         server = DjlServer(
-            args.model_dir, port=args.port, name=args.name, python=args.python, lib_dir=args.lib
+            args.model_dir, port=args.port, name=args.name, python=args.python, lib_dir=args.lib,
+            version=args.version,
         )
         server.start()
     except DjlServerError as err:
