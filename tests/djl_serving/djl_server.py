@@ -388,7 +388,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--name", default=None, help="model name (default: the folder name)")
     parser.add_argument("--version", default=DEFAULT_VERSION, choices=sorted(LIB_DIRS),
                         help=f"DJL Serving release (default {DEFAULT_VERSION})")
-    parser.add_argument("--lib", default=None, help="jar folder (default: the release's folder under tests/djl_serving)")
+    parser.add_argument("--lib", default=None, help="jar folder (default: the release's folder)")
     parser.add_argument("--python", default=None, help="worker interpreter (default: this one)")
     args = parser.parse_args(argv)
     try:
