@@ -33,7 +33,7 @@ def _per_call_us(fn: Any, repeat: int) -> float:
 
 
 def _records(output: Any) -> tuple[list[Any], dict[str, str]]:
-    from djl_handlers.server.protocol import decode_record
+    from djl_handlers.protocol.rolling import decode_record
 
     content = output.content
     records = [decode_record(bytes(content.value_at(i))) for i in range(content.size())]

@@ -120,7 +120,8 @@ def _handler_module(settings: Any) -> tuple[str, str | None]:
     A model file without the handler function falls back to the recommended entry point, as the
     worker does; with nothing to fall back to, the error names both fixes.
     """
-    from djl_handlers.worker.loader import load_entry_point, recommended_for
+    from djl_handlers.protocol.startup import recommended_for
+    from djl_handlers.worker.loader import load_entry_point
 
     with _in_model_dir(settings.model_dir):
         module = load_entry_point(settings.entry_point, settings.model_dir)
@@ -197,7 +198,9 @@ def _payload(text: str, stream: bool) -> bytes:
 def _generate(model_dir: str, payload: str, stream: bool) -> int:
     from djl_handlers.server.generate import run_one
     from djl_handlers.server.settings import load_settings
+    from djl_handlers.worker.in_process import InProcessTransport
 
     settings = load_settings(model_dir)
     with _in_model_dir(settings.model_dir):
-        return run_one(settings, _payload(payload, stream), stream, sys.stdout)
+        transport = InProcessTransport(settings.entry_point, settings.model_dir)
+        return run_one(settings, transport, _payload(payload, stream), stream, sys.stdout)

@@ -1,10 +1,10 @@
 """The rolling batch driven by the worker: the frames ``djl-handlers serve`` and its own worker
 exchange instead of one step frame per step (no I/O here; :mod:`djl_handlers.worker.stepping` is the
-worker's half, :mod:`.worker_channel` carries the frames on the front end's event loop).
+worker's half, ``server.worker_channel`` carries the frames on the front end's event loop).
 
 With DJL's protocol the front end sends every step and the worker answers it, so each token costs a
 round trip through two processes, most of it wake-up latency (docs/benchmarks.md, section 4). Here
-the worker keeps the in-flight list itself (a :class:`.protocol.FrontEndBatch`, building exactly the
+the worker keeps the in-flight list itself (a :class:`.rolling.FrontEndBatch`, building exactly the
 step frames DJL's ``RollingBatch.java`` would send, so any handler DJL can drive works) and steps
 while the list is not empty; the front end only sends what changes:
 
@@ -27,16 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from djl_handlers.io import wire
-from djl_handlers.server.protocol import (
-    BatchFailure,
-    Content,
-    Frame,
-    FrontEndSlot,
-    Record,
-    WorkerRequest,
-    _prefix,
-    step_records,
-)
+from djl_handlers.protocol.messages import BatchFailure, Content, Frame, WorkerRequest, batch_prefix
+from djl_handlers.protocol.rolling import FrontEndSlot, Record, step_records
 
 __all__ = ["DELTA", "PAUSED", "SLOTS", "WINDOW", "Delta", "apply_reply", "delta_frame", "paused_frame", "read_delta"]
 
@@ -79,7 +71,7 @@ def delta_frame(delta: Delta) -> Frame:
     if delta.new:
         properties[NEW] = ",".join(slot_id for slot_id, _ in delta.new)
     for index, (_, request) in enumerate(delta.new):
-        prefix = _prefix(index)
+        prefix = batch_prefix(index)
         for key, value in request.properties.items():
             properties[prefix + key] = value
         content.append((prefix + "data", request.data()))
@@ -100,7 +92,7 @@ def read_delta(properties: Mapping[str, str], content: Content) -> Delta:
     bodies = dict(content)
     new: list[tuple[str, WorkerRequest]] = []
     for index, slot_id in enumerate(ids):
-        prefix = _prefix(index)
+        prefix = batch_prefix(index)
         if prefix + "data" not in bodies:
             raise ValueError(f"delta frame: no body for new request {slot_id}")
         own = {key[len(prefix):]: value for key, value in properties.items() if key.startswith(prefix)}

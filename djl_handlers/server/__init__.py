@@ -1,8 +1,8 @@
 """djl_handlers.server: a local HTTP server mirroring DJL Serving's front end for the Python engine.
 
-* :mod:`.protocol` — DJL's Java-side loops without I/O (dynamic batch frames, the rolling-batch step
-  state machine, record decoding) and the :class:`~.protocol.Transport` abstraction;
-* :mod:`.worker_process` — the worker process over a unix socket (a ``Transport``);
+* :mod:`.worker_process` — the worker process over a unix socket (a ``protocol.transport.Transport``);
+  DJL's Java-side loops without I/O (dynamic batch frames, the rolling-batch step state machine,
+  record decoding) are :mod:`djl_handlers.protocol`, shared with the worker;
 * :mod:`.runtime` — queue, batching drivers, restarts, draining;
 * :mod:`.app` — the Starlette routes; :mod:`.serve` — uvicorn with graceful shutdown;
 * :mod:`.generate` — one request in process (``djl-handlers generate``);

@@ -25,8 +25,8 @@ from starlette.routing import Route
 
 from djl_handlers.extensions import API_PROPERTY, REQUEST_ID_PROPERTY
 from djl_handlers.io import wire
+from djl_handlers.protocol.messages import WorkerRequest
 from djl_handlers.server.adapters import adapter_routes
-from djl_handlers.server.protocol import WorkerRequest
 from djl_handlers.server.request_id import RequestIdMiddleware
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
 from djl_handlers.server.sink import BODY_SEND_KEY, SinkResponse, error_json

@@ -1,6 +1,6 @@
-"""One request without a server: the front end's loop over a :class:`.protocol.Transport`.
+"""One request without a server: the front end's loop over a ``protocol.transport.Transport``.
 
-``djl-handlers generate`` uses it with :class:`.protocol.InProcessTransport`; it sends the init call
+``djl-handlers generate`` uses it with ``worker.in_process.InProcessTransport``; it sends the init call
 and then drives the request exactly as the server would: rolling-batch steps until the record says
 ``last`` (the first step carries headers, body and seed, later ones empty bodies), or one
 dynamic-batch call whose reply may be streamed.
@@ -11,17 +11,10 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from djl_handlers.server.protocol import (
-    BatchFailure,
-    FrontEndBatch,
-    FrontEndSlot,
-    InProcessTransport,
-    Record,
-    Transport,
-    WorkerRequest,
-    batch_frame,
-    reply_of,
-)
+from djl_handlers.protocol.dynamic import batch_frame
+from djl_handlers.protocol.messages import BatchFailure, WorkerRequest, reply_of
+from djl_handlers.protocol.rolling import FrontEndBatch, FrontEndSlot, Record
+from djl_handlers.protocol.transport import Transport
 from djl_handlers.server.settings import ServerSettings
 
 __all__ = ["drive_dynamic", "drive_rolling", "run_one"]
@@ -70,9 +63,10 @@ def drive_dynamic(transport: Transport, request: WorkerRequest, handler: str, ou
     return reply.code
 
 
-def run_one(settings: ServerSettings, body: bytes, stream: bool, out: TextIO = sys.stdout) -> int:
-    """Init the handler in process, run one request, print its body; exit status 0 when < 300."""
-    transport = InProcessTransport(settings.entry_point, settings.model_dir)
+def run_one(settings: ServerSettings, transport: Transport, body: bytes, stream: bool,
+            out: TextIO = sys.stdout) -> int:
+    """Init the handler over ``transport`` (in process for ``djl-handlers generate``), run one request,
+    print its body; exit status 0 when < 300."""
     init = transport.call(settings.init_properties(), [])
     if init.code >= 300:
         detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")

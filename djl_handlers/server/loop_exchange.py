@@ -1,6 +1,6 @@
 """One worker call made on the event loop itself: DJL's per-step rolling exchange without thread hops,
 for a worker that is not ours (``DJL_HANDLERS_WORKER_SCRIPT``; our own worker drives its rolling
-batch itself, :mod:`.worker_steps`).
+batch itself, ``protocol.worker_steps``).
 
 The I/O thread (``runtime``'s single-thread executor) costs each step two thread wake-ups (loop ->
 thread, thread -> loop) and, when the loop is busy writing HTTP chunks, a wait for the GIL. Here the

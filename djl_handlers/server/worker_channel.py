@@ -1,4 +1,4 @@
-"""The worker's socket on the event loop, for a worker-driven rolling batch (:mod:`.worker_steps`).
+"""The worker's socket on the event loop, for a worker-driven rolling batch (``protocol.worker_steps``).
 
 Frames to the worker are written without blocking (what the socket does not take is written when it
 becomes writable, in order); replies are read whenever the socket is readable, parsed as they
@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Callable
 
 from djl_handlers.io import wire
-from djl_handlers.server.protocol import Frame
+from djl_handlers.protocol.messages import Frame
 from djl_handlers.server.worker_process import WorkerProcess
 
 __all__ = ["StepChannel"]

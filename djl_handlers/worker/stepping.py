@@ -1,8 +1,8 @@
-"""The worker's half of the worker-driven rolling batch (:mod:`djl_handlers.server.worker_steps`).
+"""The worker's half of the worker-driven rolling batch (:mod:`djl_handlers.protocol.worker_steps`).
 
 :class:`FrameReader` reads request frames from the socket into its own buffer, so that the worker can
 ask "is a frame waiting?" between steps without blocking. :class:`Stepper` holds the in-flight list
-(a :class:`~djl_handlers.server.protocol.FrontEndBatch`, the same frames DJL's front end builds),
+(a :class:`~djl_handlers.protocol.rolling.FrontEndBatch`, the same frames DJL's front end builds),
 applies the front end's deltas and runs one step at a time while the list is not empty and the front
 end has not paused it.
 """
@@ -16,8 +16,9 @@ from typing import Any
 
 from djl_handlers.io import wire, wire_inplace
 from djl_handlers.io.compat import input_from_frame
-from djl_handlers.server.protocol import BatchFailure, Content, FrontEndBatch, FrontEndSlot
-from djl_handlers.server.worker_steps import SLOTS, WINDOW, paused_frame, read_delta
+from djl_handlers.protocol.messages import BatchFailure, Content
+from djl_handlers.protocol.rolling import FrontEndBatch, FrontEndSlot
+from djl_handlers.protocol.worker_steps import SLOTS, WINDOW, paused_frame, read_delta
 
 __all__ = ["FrameReader", "Stepper"]
 

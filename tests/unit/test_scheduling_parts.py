@@ -1,5 +1,5 @@
 """Direct, table-driven tests of the moving parts: IncrementalDetokenizer, RequestSlot,
-RollingBatch, the dynamic batcher, and the server side of the protocol (FrontEndBatch,
+RollingBatch, the dynamic batcher, and the front end's side of the protocol (FrontEndBatch,
 split_batch, decode_record). The fake engine's byte tokenizer keeps every case exact."""
 
 from __future__ import annotations
@@ -15,19 +15,14 @@ from djl_handlers.errors import InvalidRequest
 from djl_handlers.formatting import get_formatter
 from djl_handlers.io import wire
 from djl_handlers.params.generation import GenerationParameters
+from djl_handlers.protocol.dynamic import split_batch
+from djl_handlers.protocol.messages import BatchFailure, WorkerRequest
+from djl_handlers.protocol.rolling import FrontEndBatch, FrontEndSlot, decode_record
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
 from djl_handlers.scheduling.dynamic import run_dynamic_batch
 from djl_handlers.scheduling.rolling import RollingBatch
 from djl_handlers.scheduling.slot import RequestSlot
-from djl_handlers.server.protocol import (
-    BatchFailure,
-    FrontEndBatch,
-    FrontEndSlot,
-    WorkerRequest,
-    decode_record,
-    split_batch,
-)
 
 TOK = ByteTokenizer()
 E_ACUTE = list("é".encode())  # two bytes: the first alone is an incomplete character

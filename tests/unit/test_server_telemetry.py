@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from djl_handlers.extensions import ENGINE_STATS_PROPERTY, REQUEST_ID_PROPERTY, STATS_RECORD_KEY
+from djl_handlers.protocol.rolling import Record, decode_record
 from djl_handlers.server import telemetry as telemetry_module
 from djl_handlers.server.logs import JsonFormatter
 from djl_handlers.server.metrics import Metrics, token_buckets
-from djl_handlers.server.protocol import Record, decode_record
 from djl_handlers.server.request_id import request_id_of
 from djl_handlers.server.telemetry import Telemetry
 

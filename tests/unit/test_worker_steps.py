@@ -1,4 +1,4 @@
-"""The worker-driven rolling batch (server/worker_steps.py, worker/stepping.py, server/worker_channel.py):
+"""The worker-driven rolling batch (protocol/worker_steps.py, worker/stepping.py, server/worker_channel.py):
 the delta frames, matching replies by id, and the whole exchange over a real socket pair with the
 worker's own ``serve_connection`` running the real rolling handler on the fake engine."""
 
@@ -17,11 +17,12 @@ from socket_worker import SocketWorker
 from djl_handlers.engines.fake_engine import REPLY, FakeEngine
 from djl_handlers.io import wire
 from djl_handlers.io.compat import input_from_frame
-from djl_handlers.server.protocol import BatchFailure, FrontEndSlot, WorkerRequest
+from djl_handlers.protocol.messages import BatchFailure, WorkerRequest
+from djl_handlers.protocol.rolling import FrontEndSlot
+from djl_handlers.protocol.worker_steps import PAUSED, SLOTS, Delta, apply_reply, delta_frame, read_delta
 from djl_handlers.server.worker_channel import StepChannel
-from djl_handlers.server.worker_steps import PAUSED, SLOTS, Delta, apply_reply, delta_frame, read_delta
 from djl_handlers.service import InferenceService
-from djl_handlers.worker.engine import serve_connection
+from djl_handlers.worker.process import serve_connection
 from djl_handlers.worker.stepping import FrameReader
 
 
@@ -237,7 +238,7 @@ def test_a_worker_that_dies_or_sends_garbage_is_a_failure(answer: bytes, expecte
 
 
 def test_the_worker_runs_at_most_window_steps_ahead_of_the_acknowledgements() -> None:
-    from djl_handlers.server.worker_steps import WINDOW
+    from djl_handlers.protocol.worker_steps import WINDOW
 
     ours, other = socket.socketpair()
     ours.settimeout(5.0)
