@@ -119,8 +119,8 @@ def prompt_alone(dtype: Any, rows: int, tokens: int, padded: bool, rounds: int) 
 
 def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
     from benchmarks.workload import decoding_engine
-    from djl_handlers.engines import hf_ragged_attn
-    from djl_handlers.engines.hf_cpu_linear import prepack_linears
+    from djl_handlers.engines.hf.cpu import ragged_attention
+    from djl_handlers.engines.hf.cpu.linear import prepack_linears
 
     model, engine = decoding_engine(dtype, prepack_linears)
     batch = engine._batch
@@ -129,8 +129,8 @@ def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {"sdpa": [], "kernel": []}
     for _ in range(rounds):
         for name in ("sdpa", "kernel"):
-            hf_ragged_attn.disable(model)
-            if name == "kernel" and not hf_ragged_attn.enable(model):
+            ragged_attention.disable(model)
+            if name == "kernel" and not ragged_attention.enable(model):
                 raise SystemExit("the decode attention kernel cannot be built here")
             engine.step()  # one untimed step after the switch
             t0 = time.perf_counter()

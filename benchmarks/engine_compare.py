@@ -1,12 +1,12 @@
 """HF engine step paths side by side on the mixed workload, all requests at once, in one process
-on one model object per dtype: ``PackedHFEngine`` (``option.hf_step=packed``) vs ``HFEngine``
-(``padded``) vs one padded static ``generate()`` batch, optionally transformers' own continuous
+on one model object per dtype: ``HFEngine`` (with its CPU kernels, or torch's attention or linear
+layers) vs one padded static ``generate()`` batch, optionally transformers' own continuous
 batching (``ContinuousBatchingManager``, ``--hf-cb``), and vLLM's offline ``LLM.generate`` on the
 same token ids when the checkout's ``.venv-vllm`` exists (a subprocess in that venv; skipped otherwise).
 
 The engines are driven directly (``add_request`` / ``step`` / ``release``, as the scheduler does;
 ``handle()`` adds < 0.4 % per step: docs/benchmarks.md, "Per-step overhead"). Every mode is run
-``--repeat`` times, interleaved (packed, padded, static, packed, ...), so that load drift on a
+``--repeat`` times, interleaved (padded, padded-sdpa, static, padded, ...), so that load drift on a
 shared box hits each mode alike; the report keeps each run and the ratios of medians. Equality: each request's token
 ids from every mode vs the static batch's (fp32: must be identical).
 
@@ -107,24 +107,14 @@ def _use_kernels(model: Any, linear: str, attention: str = "ragged") -> None:
     the engine's default) and torch's own, and its attention between the ragged kernel (``ragged``)
     and torch's SDPA. RMSNorms and the rotary embedding use their kernels (the engine's default)
     unless both are torch's (the stock model)."""
-    from djl_handlers.engines import hf_cpu_rotary, hf_ragged_attn
-    from djl_handlers.engines.hf_cpu_fused import fuse_projections
-    from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears
-    from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms, unfuse_rms_norms
+    from djl_handlers.config.hf import HuggingFaceOptions
+    from djl_handlers.engines.hf.cpu import patches
 
-    unfuse_rms_norms(model)
-    hf_cpu_rotary.disable(model)
-    if (linear, attention) != ("torch", "sdpa"):
-        fuse_rms_norms(model)
-        hf_cpu_rotary.enable(model)
-
-    unpack_linears(model)  # also unfuses the projections
-    if linear == "onednn":
-        prepack_linears(model)
-        fuse_projections(model)  # the engine's default with onednn (q/k/v, gate/up, SiLU·mul)
-    hf_ragged_attn.disable(model)
-    if attention == "ragged" and not hf_ragged_attn.enable(model):
-        raise SystemExit("the ragged decode attention kernel cannot be built here")
+    kernels = "torch" if (linear, attention) == ("torch", "sdpa") else "fused"
+    patches.revert(model)
+    # with onednn: fused projections too (q/k/v, gate/up, SiLU·mul), the engine's default
+    patches.apply(model, HuggingFaceOptions(cpu_linear=linear, cpu_attention=attention, cpu_norm=kernels,
+                                            cpu_rotary=kernels))  # ragged: the kernel or a ConfigError
 
 
 def _kernels_of(mode: str) -> tuple[str, str]:
@@ -157,8 +147,7 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from djl_handlers.engines.hf_engine import HFEngine
-    from djl_handlers.engines.hf_packed import PackedHFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.model.embedded import embedded_model_dir
 
     model_dir = str(embedded_model_dir())
@@ -170,7 +159,6 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
     limits = [j.max_new_tokens for j in jobs]
     kw = {"max_batch_size": 32, "max_prefill_tokens": max_prefill}
     all_modes: dict[str, Any] = {
-        "packed": lambda: run_engine(PackedHFEngine(model, tok, **kw), "HF packed (hf_step=packed)", prompts, limits),
         "padded": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded (ours, default)", prompts, limits),
         "padded-sdpa": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_attention=sdpa", prompts, limits),
         "padded-torch": lambda: run_engine(HFEngine(model, tok, **kw), "HF padded, cpu_linear=torch", prompts, limits),
@@ -184,7 +172,6 @@ def compare(n: int, dtype: str, repeat: int, hf_cb: bool, max_prefill: int, mode
     with torch.inference_mode():  # warm-up: one short request per engine path and kernel kind
         for linear, attention in (("onednn", "ragged"), ("onednn", "sdpa"), ("torch", "ragged")):
             _use_kernels(model, linear, attention)
-            run_engine(PackedHFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
             run_engine(HFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in chosen}
     loads = [os.getloadavg()[0]]
@@ -279,8 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--max-prefill", type=int, default=512)
     parser.add_argument("--hf-cb", action="store_true", help="also run transformers' ContinuousBatchingManager")
-    parser.add_argument("--modes", default="padded,padded-sdpa,padded-torch,packed,static",
-                        help="comma list of packed, padded, padded-sdpa (cpu_attention=sdpa), padded-torch "
+    parser.add_argument("--modes", default="padded,padded-sdpa,padded-torch,static",
+                        help="comma list of padded, padded-sdpa (cpu_attention=sdpa), padded-torch "
                              "(cpu_linear=torch), static (same model object: our kernels), static-stock "
                              "(stock transformers)")
     parser.add_argument("--sequential", action="store_true", help="also each request alone through generate(): "

@@ -1,7 +1,7 @@
 """GPU check of the HF engine (run by ``scripts/gpu_check.sh`` on a CUDA machine).
 
-On the mixed workload (``--n`` requests, all at once), on ``cuda`` in ``--dtype``: the packed HF
-engine vs one padded static ``generate()`` batch (tok/s, TTFT p50), and each request's tokens vs
+On the mixed workload (``--n`` requests, all at once), on ``cuda`` in ``--dtype``: the HF engine
+(continuous batching) vs one padded static ``generate()`` batch (tok/s, TTFT p50), and each request's tokens vs
 ``generate()`` of that request alone (all of them up to 64 requests, else every ``n // 32``-th).
 Exit status 1 when an fp32 run differs from ``generate()`` (fp32 must be exact; bf16 may drift
 where two tokens are within rounding, so it is reported, not failed).
@@ -39,8 +39,7 @@ def check(n: int, dtype: str, device: str) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from djl_handlers.engines.hf_engine import HFEngine
-    from djl_handlers.engines.hf_packed import PackedHFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.model.embedded import embedded_model_dir
 
     model_dir = str(embedded_model_dir())
@@ -54,23 +53,23 @@ def check(n: int, dtype: str, device: str) -> dict[str, Any]:
     batch = min(n, 256)
     kw = {"max_batch_size": batch, "max_prefill_tokens": 2048}
     with torch.inference_mode():
-        run_engine(PackedHFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
-        packed = run_engine(PackedHFEngine(model, tok, **kw), "HF packed", prompts, limits)
+        run_engine(HFEngine(model, tok, **kw), "warm", prompts[:2], [2, 2])
+        engine = run_engine(HFEngine(model, tok, **kw), "HF engine", prompts, limits)
         static = run_static(HFEngine(model, tok, **kw), prompts, limits)
     eos = HFEngine(model, tok).eos_token_ids
     picks = list(range(n)) if n <= 64 else list(range(0, n, max(1, n // 32)))
     t0 = time.perf_counter()
-    same = [packed["token_ids"][i] == alone(model, prompts[i], limits[i], eos) for i in picks]
+    same = [engine["token_ids"][i] == alone(model, prompts[i], limits[i], eos) for i in picks]
     return {
         "n": n, "dtype": dtype, "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
         "max_batch_size": batch,
-        "packed": {k: v for k, v in packed.items() if k != "token_ids"},
+        "engine": {k: v for k, v in engine.items() if k != "token_ids"},
         "static": {k: v for k, v in static.items() if k != "token_ids"},
-        "packed_over_static_tok_s": rnd(packed["tok_s"] / static["tok_s"]) if static["tok_s"] else None,
+        "engine_over_static_tok_s": rnd(engine["tok_s"] / static["tok_s"]) if static["tok_s"] else None,
         "identical_to_generate_alone": f"{sum(same)}/{len(same)}",
         "differing_requests": [i for i, ok in zip(picks, same, strict=True) if not ok],
-        "check_s": rnd(time.perf_counter() - t0), "ttft_p50_ratio_static_over_packed":
-            rnd((static["ttft_p50_s"] or 0) / packed["ttft_p50_s"]) if packed["ttft_p50_s"] else None,
+        "check_s": rnd(time.perf_counter() - t0), "ttft_p50_ratio_static_over_engine":
+            rnd((static["ttft_p50_s"] or 0) / engine["ttft_p50_s"]) if engine["ttft_p50_s"] else None,
     }
 
 

@@ -31,7 +31,7 @@ def raw_steps(model: Any, ids: Any, steps: int, slab: bool) -> list[float]:
     import torch
     from transformers import DynamicCache
 
-    from djl_handlers.engines.hf_batch import new_slab_cache
+    from djl_handlers.engines.hf.batch import new_slab_cache
 
     cache = new_slab_cache(model.config) if slab else DynamicCache(config=model.config)
     kw = {_cache_kw(model): cache, "use_cache": True, "logits_to_keep": 1}

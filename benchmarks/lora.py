@@ -4,7 +4,7 @@ Runs the HF engine (our continuous batching) on the embedded SmolLM2 fp32 with 8
 row generating ``--tokens`` tokens, in three modes side by side: ``base`` (no adapter), ``1 adapter``
 (every row uses the same adapter) and ``4 adapters`` (rows cycle through four). The adapters are
 random rank-16 PEFT LoRAs on every attention and MLP projection (made with peft in a tmp folder).
-``4 adapters`` runs with both strategies of ``engines/lora_hf.py`` (``stacked``, the default, and
+``4 adapters`` runs with both strategies of ``engines/hf/lora.py`` (``stacked``, the default, and
 ``grouped``). Then one forward of a mixed 4-adapter batch (no cache) compares the two strategies
 with peft's own mixed-adapter inference (``adapter_names=...``).
 
@@ -53,10 +53,10 @@ def _adapters(model: Any, root: Path) -> list[Path]:
 
 def _engine_run(model: Any, tok: Any, folders: list[Path], rows: int, mode: str, tokens: int,
                 strategy: str = "stacked") -> dict[str, Any]:
-    from djl_handlers.adapters.registry import AdapterSpec
+    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.engines.base import EngineRequest
-    from djl_handlers.engines.hf_engine import HFEngine
-    from djl_handlers.engines.lora_hf import LoraSet
+    from djl_handlers.engines.hf.engine import HFEngine
+    from djl_handlers.engines.hf.lora import LoraSet
     from djl_handlers.params.generation import GenerationParameters
 
     engine = HFEngine(model, tok, max_batch_size=rows, max_prefill_tokens=4096)
@@ -92,8 +92,8 @@ def _forward_compare(model: Any, tok: Any, folders: list[Path], rows: int, repea
     import torch
     from peft import PeftModel
 
-    from djl_handlers.adapters.registry import AdapterSpec
-    from djl_handlers.engines.lora_hf import LoraSet
+    from djl_handlers.lora.registry import AdapterSpec
+    from djl_handlers.engines.hf.lora import LoraSet
 
     ids = tok([PROMPT] * rows, return_tensors="pt").input_ids
     names = [f"l{i % 4}" for i in range(rows)]

@@ -44,7 +44,7 @@ _LISTENING = re.compile(r"djl-handlers: serving (\S+) at (http://\S+)")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from djl_handlers.engines.fake_engine import REPLY  # noqa: E402
+from djl_handlers.engines.fake import REPLY  # noqa: E402
 from tests.robustness.corpus import CORPUS, DYNAMIC, ROLLING, Case  # noqa: E402
 from tests.robustness.faults import scenarios  # noqa: E402
 from tests.robustness.harness import (  # noqa: E402

@@ -51,7 +51,7 @@ def _alternate(variants: dict[str, Callable[[], Any]], rounds: int, calls: int) 
 def projections(dtype: Any, rows: int, rounds: int) -> dict[str, Any]:
     import torch
 
-    from djl_handlers.engines.hf_cpu_linear import reorder, run_packed
+    from djl_handlers.engines.hf.cpu.linear import reorder, run_packed
 
     gen = torch.Generator().manual_seed(0)
     weights = {k: (torch.randn(n, 576, generator=gen) * 0.05).to(dtype) for k, n in SIZES.items()}
@@ -89,7 +89,7 @@ def rotary_pass(dtype: Any, batch: int, seq: int, rounds: int) -> dict[str, Any]
     import torch
     from transformers.models.llama import modeling_llama
 
-    from djl_handlers.engines.hf_cpu_rotary import FastRotary
+    from djl_handlers.engines.hf.cpu.rotary import FastRotary
     from djl_handlers.kernels.rotary import rotary
 
     original = modeling_llama.apply_rotary_pos_emb
@@ -131,16 +131,17 @@ def logits_pass(dtype: Any, rows: int, rounds: int) -> dict[str, Any]:
 
 def engine_steps(dtype: Any, rounds: int) -> dict[str, Any]:
     from benchmarks.workload import decoding_engine
-    from djl_handlers.engines import hf_ragged_attn, sampling
-    from djl_handlers.engines.hf_cpu_fused import fuse_projections, unfuse_projections
-    from djl_handlers.engines.hf_cpu_linear import prepack_linears
-    from djl_handlers.engines.hf_cpu_norm import fuse_rms_norms
+    from djl_handlers.engines.hf import sampling
+    from djl_handlers.engines.hf.cpu import ragged_attention
+    from djl_handlers.engines.hf.cpu.fused import fuse_projections, unfuse_projections
+    from djl_handlers.engines.hf.cpu.linear import prepack_linears
+    from djl_handlers.engines.hf.cpu.norm import fuse_rms_norms
     from djl_handlers.kernels.row_stats import row_stats
 
     def prepare(model: Any) -> None:
         prepack_linears(model)
         fuse_rms_norms(model)
-        hf_ragged_attn.enable(model)
+        ragged_attention.enable(model)
 
     model, engine = decoding_engine(dtype, prepare)
     batch = engine._batch

@@ -37,7 +37,7 @@ def _engine() -> Any:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.model.embedded import embedded_model_dir
 
     path = str(embedded_model_dir())
@@ -79,7 +79,7 @@ def decode_rate(engine: Any, batch: int, constrained: bool, tokens: int) -> dict
 
 def compile_times(engine: Any) -> list[dict[str, Any]]:
     """Per schema: cold compile (fresh backend: no cache) and a cached lookup, in ms."""
-    from djl_handlers.engines.grammar import GrammarBackend
+    from djl_handlers.engines.hf.grammar import GrammarBackend
     from djl_handlers.params.structured import StructuredOutput, schema_text
 
     rows = []

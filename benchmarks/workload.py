@@ -51,7 +51,7 @@ def decoding_engine(dtype: Any, prepare: Callable[[Any], None]) -> tuple[Any, An
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from djl_handlers.engines.base import EngineRequest
-    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.model.embedded import embedded_model_dir
     from djl_handlers.params.generation import GenerationParameters
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check of the HF engine: a few minutes on one CUDA GPU.
-#   1. the packed HF engine on CUDA in bf16 on the mixed workload (32 requests) and a 512-request
+#   1. the HF engine on CUDA in bf16 on the mixed workload (32 requests) and a 512-request
 #      version: tok/s and TTFT vs one static generate() batch, tokens vs generate() per request;
 #   2. the same 32 requests in fp32, where tokens must equal generate() exactly (exit 1 otherwise);
 #   3. pytest -m gpu tests/gpu: the HF handler on CUDA (rolling, dynamic, streaming, served over HTTP;
@@ -24,7 +24,7 @@ for args in "--n 32 --dtype fp32" "--n 32 --dtype bf16" "--n 512 --dtype bf16"; 
   # shellcheck disable=SC2086
   timeout "$STEP_LIMIT" "$PY" -m benchmarks.gpu_check $args \
     | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(json.dumps(d))" >> "$out" || status=1
-  tail -n 1 "$out" | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(' tok/s packed', d['packed']['tok_s'], 'static', d['static']['tok_s'], '| TTFT p50', d['packed']['ttft_p50_s'], 'vs', d['static']['ttft_p50_s'], '| same as generate()', d['identical_to_generate_alone'])" || true
+  tail -n 1 "$out" | "$PY" -c "import json,sys; d=json.load(sys.stdin); print(' tok/s engine', d['engine']['tok_s'], 'static', d['static']['tok_s'], '| TTFT p50', d['engine']['ttft_p50_s'], 'vs', d['static']['ttft_p50_s'], '| same as generate()', d['identical_to_generate_alone'])" || true
 done
 timeout "$STEP_LIMIT" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu || status=1
 echo "gpu_check: results in $out; exit $status"

@@ -13,7 +13,7 @@ def engine_tokens(model: Any, tok: Any, prompts: list[list[int]], news: list[int
     """Greedy tokens of each prompt through ``HFEngine`` on ``model``: one request joins per step
     (rows of different lengths share the batch), each released at its ``news[i]`` tokens."""
     from djl_handlers.engines.base import EngineRequest
-    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.params.generation import GenerationParameters
 
     engine = HFEngine(model, tok, max_prefill_tokens=max_prefill_tokens)

@@ -1,8 +1,8 @@
 """Model configuration: serving.properties + ``OPTION_*`` env → a validated ``ServingConfig``."""
 
+from djl_handlers.config.hf import HuggingFaceOptions
 from djl_handlers.config.models import (
     DeepSpeedOptions,
-    HuggingFaceOptions,
     ServingConfig,
     TrtLlmOptions,
     VllmOptions,

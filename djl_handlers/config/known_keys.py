@@ -11,7 +11,7 @@ Where the keys come from:
 * ``engine_option_keys(engine)``: the option keys ``ServingConfig.from_properties`` looks up for
   that engine, *recorded* by running it on an empty map (so the table follows config/models.py);
 * ``HANDLER_OPTION_KEYS``: options read elsewhere in djl_handlers (server settings, the service,
-  the HF engine's raw options, the embedded model);
+  the embedded model);
 * ``DJL_OPTION_KEYS`` / ``DJL_SERVER_KEYS``: what DJL Serving 0.34's front end reads
   (``wlm/ModelInfo``, ``LmiConfigRecommender``, ``LmiUtils`` and the Python engine's ``PyModel``);
   ``<device>.minWorkers`` style keys are matched by pattern.
@@ -67,18 +67,8 @@ DJL_OPTION_KEYS: frozenset[str] = frozenset({
 HANDLER_OPTION_KEYS: frozenset[str] = frozenset({
     "embedded_model",  # service.py: the converted SmolLM2 folder when model_id is unset
     "batch_size",  # server/settings.py: DJL's init call may carry it as an option
-    "torch_threads", "max_prefill_tokens",  # engines/hf_engine.py (huggingface, deepspeed)
-    # engines/hf_engine.py (huggingface):
-    "hf_step", "cpu_linear", "cpu_fuse_projections", "cpu_attention", "cpu_norm", "cpu_rotary", "cpu_threads",
     "env", "handler", "predict_timeout", "model_loading_timeout",  # server/settings.py
 })
-_HF_FAMILY = ("huggingface", "deepspeed")
-_ENGINE_ONLY_EXTRAS: Mapping[str, tuple[str, ...]] = {
-    "torch_threads": _HF_FAMILY, "max_prefill_tokens": _HF_FAMILY,
-    "hf_step": ("huggingface",), "cpu_linear": ("huggingface",), "cpu_attention": ("huggingface",),
-    "cpu_norm": ("huggingface",), "cpu_fuse_projections": ("huggingface",),
-    "cpu_rotary": ("huggingface",), "cpu_threads": ("huggingface",),
-}
 _ENGINES: tuple[str, ...] = ("huggingface", "deepspeed", "tensorrt_llm", "vllm", "lmi-dist")
 
 
@@ -98,20 +88,18 @@ class _Recorder(dict[str, Any]):
 
 @cache
 def engine_option_keys(engine: str) -> frozenset[str]:
-    """The option keys (prefix stripped) ``ServingConfig.from_properties`` reads for ``engine``,
-    plus the HF engine's raw options where they apply."""
+    """The option keys (prefix stripped) ``ServingConfig.from_properties`` reads for ``engine``."""
     from djl_handlers.config.models import ServingConfig
 
     options, server = _Recorder(), _Recorder()
     ServingConfig.from_properties(options, server, engine)
-    extras = {key for key, engines in _ENGINE_ONLY_EXTRAS.items() if engine in engines}
-    return frozenset(options.seen | extras)
+    return frozenset(options.seen)
 
 
 def known_option_keys(engine: str | None = None) -> frozenset[str]:
     """Every option key something reads: for ``engine``, or for any engine when ``None``."""
     engines = _ENGINES if engine is None else (engine,)
-    keys: set[str] = set(DJL_OPTION_KEYS | HANDLER_OPTION_KEYS) - set(_ENGINE_ONLY_EXTRAS)
+    keys: set[str] = set(DJL_OPTION_KEYS | HANDLER_OPTION_KEYS)
     for name in engines:
         keys |= engine_option_keys(name)
     return frozenset(keys)

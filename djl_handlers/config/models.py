@@ -9,13 +9,14 @@ unset. Booleans accept ``true``/``false``/``1``/``0`` (case-insensitive, blanks 
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from djl_handlers.config.engines import DTYPE_NAMES, ENGINES, canonical_engine
+from djl_handlers.config.hf import HuggingFaceOptions, read_hf_options
+from djl_handlers.config.reader import Reader
 from djl_handlers.errors import ConfigError
 
 ROLLING_BATCH: tuple[str, ...] = ("auto", "scheduler", "disable", "lmi-dist", "vllm", "trtllm", "deepspeed")
@@ -35,88 +36,9 @@ _AUTO_ROLLING: Mapping[str, str] = {
     "huggingface": "scheduler", "deepspeed": "scheduler", "tensorrt_llm": "trtllm",
     "vllm": "vllm", "lmi-dist": "lmi-dist",
 }
-_TRUE = frozenset({"true", "1"})
-_FALSE = frozenset({"false", "0"})
 _DEVICE = re.compile(r"cpu|cuda|cuda:\d+|mps|auto")
-
-
-class _Reader:
-    """Typed access to the option/server maps; every failure is a ``ConfigError``."""
-
-    def __init__(self, options: Mapping[str, str], server: Mapping[str, str]) -> None:
-        self.options = options
-        self.server = server
-
-    def get(self, key: str, *aliases: str, server: bool = False) -> tuple[str, str] | None:
-        """``(label, stripped value)`` of the first non-empty key; server keys looked up first."""
-        for name in (key, *aliases):
-            if server and str(self.server.get(name, "")).strip():
-                return name, str(self.server[name]).strip()
-            value = str(self.options.get(name, "")).strip()
-            if value:
-                return f"option.{name}", value
-        return None
-
-    @staticmethod
-    def fail(label: str, value: str, allowed: str) -> ConfigError:
-        """The one error shape: key, bad value, what is allowed."""
-        return ConfigError(f"{label}={value!r} is invalid; allowed: {allowed}", field=label)
-
-    def text(self, key: str, default: str | None = None, *aliases: str) -> str | None:
-        found = self.get(key, *aliases)
-        return found[1] if found else default
-
-    def boolean(self, key: str, default: bool) -> bool:
-        found = self.get(key)
-        if found is None:
-            return default
-        word = found[1].lower()
-        if word in _TRUE or word in _FALSE:
-            return word in _TRUE
-        raise self.fail(*found, "true, false, 1 or 0 (case-insensitive)")
-
-    def integer(self, key: str, default: int | None, minimum: int = 0, *,
-                server: bool = False) -> int | None:
-        found = self.get(key, server=server)
-        if found is None:
-            return default
-        label, value = found
-        if not re.fullmatch(r"-?\d{1,18}", value) or int(value) < minimum:
-            raise self.fail(label, value, f"an integer >= {minimum}")
-        return int(value)
-
-    def number(self, key: str, default: float, low: float, high: float) -> float:
-        found = self.get(key)
-        if found is None:
-            return default
-        label, value = found
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not (low < number <= high):
-            raise self.fail(label, value, f"a number in ({low}, {high}]")
-        return number
-
-    def choice(self, key: str, default: str, allowed: tuple[str, ...], *aliases: str) -> str:
-        found = self.get(key, *aliases)
-        if found is None:
-            return default
-        word = found[1].lower()
-        if word not in allowed:
-            raise self.fail(found[0], found[1], ", ".join(allowed))
-        return word
-
-
-@dataclass(frozen=True)
-class HuggingFaceOptions:
-    """transformers/accelerate loading options (``hf_properties.py`` in DJL)."""
-
-    low_cpu_mem_usage: bool = False
-    device_map: str | None = None
-    attn_implementation: str | None = None
-    task: str | None = None
-    quantize: str | None = None
+# The engines that step with the transformers engine and read its options (config/hf.py).
+_HF_FAMILY: tuple[str, ...] = ("huggingface", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -178,7 +100,7 @@ class LoraOptions:
         return self.max_cpu_loras or self.max_loras
 
 
-def _lora(r: _Reader) -> LoraOptions:
+def _lora(r: Reader) -> LoraOptions:
     max_loras = r.integer("max_loras", 4, 1) or 4
     max_cpu = r.integer("max_cpu_loras", None, 1)
     if max_cpu is not None and max_cpu < max_loras:
@@ -191,20 +113,7 @@ def _lora(r: _Reader) -> LoraOptions:
     )
 
 
-def _hf(r: _Reader) -> HuggingFaceOptions:
-    quantize = r.choice("quantize", "", ("", "bitsandbytes4", "bitsandbytes8", "gptq", "awq"))
-    attn = r.choice("attn_implementation", "", ("", "eager", "sdpa", "flash_attention_2",
-                                                 "flash_attention_3", "flex_attention"))
-    return HuggingFaceOptions(
-        low_cpu_mem_usage=r.boolean("low_cpu_mem_usage", False),
-        device_map=r.text("device_map"),
-        attn_implementation=attn or None,
-        task=r.text("task"),
-        quantize=quantize or None,
-    )
-
-
-def _deepspeed(r: _Reader) -> DeepSpeedOptions:
+def _deepspeed(r: Reader) -> DeepSpeedOptions:
     quantize = r.choice("quantize", "", ("", "smoothquant", "dynamic_int8"))
     return DeepSpeedOptions(
         quantize=quantize or None,
@@ -217,7 +126,7 @@ def _deepspeed(r: _Reader) -> DeepSpeedOptions:
     )
 
 
-def _vllm(r: _Reader) -> VllmOptions:
+def _vllm(r: Reader) -> VllmOptions:
     return VllmOptions(
         max_model_len=r.integer("max_model_len", None, 1),
         enforce_eager=r.boolean("enforce_eager", False),
@@ -231,7 +140,7 @@ def _vllm(r: _Reader) -> VllmOptions:
     )
 
 
-def _trtllm(r: _Reader) -> TrtLlmOptions:
+def _trtllm(r: Reader) -> TrtLlmOptions:
     policy = r.choice("batch_scheduler_policy", "max_utilization",
                       ("max_utilization", "guaranteed_no_evict"))
     return TrtLlmOptions(
@@ -243,7 +152,7 @@ def _trtllm(r: _Reader) -> TrtLlmOptions:
     )
 
 
-def _tensor_parallel(r: _Reader, device: str) -> int:
+def _tensor_parallel(r: Reader, device: str) -> int:
     """``max`` → 1 on CPU, -1 ("all devices") elsewhere; otherwise an int >= 1 or -1."""
     found = r.get("tensor_parallel_degree")
     if found is None:
@@ -256,7 +165,7 @@ def _tensor_parallel(r: _Reader, device: str) -> int:
     raise r.fail(label, value, "an integer >= 1, -1 (all devices) or 'max'")
 
 
-def _device(r: _Reader) -> tuple[str, int | None]:
+def _device(r: Reader) -> tuple[str, int | None]:
     """``option.device`` if given, else ``cuda:<device_id>`` for a device_id >= 0, else cpu.
 
     A bare ``option.device=cuda`` takes the worker's GPU (``cuda:<device_id>``) when DJL gave it one;
@@ -280,7 +189,7 @@ def _check_engine(engine: str) -> str:
     return name
 
 
-def _batching(r: _Reader, engine: str) -> dict[str, Any]:
+def _batching(r: Reader, engine: str) -> dict[str, Any]:
     """Batch-related settings plus the cross-key checks between them.
 
     The mode follows DJL's Java side (``config.resolve.mode_of``): rolling batch exactly when
@@ -311,7 +220,7 @@ def _batching(r: _Reader, engine: str) -> dict[str, Any]:
     }
 
 
-def _common(r: _Reader) -> dict[str, Any]:
+def _common(r: Reader) -> dict[str, Any]:
     """Model identity, numerics, formatting and limits."""
     device, device_id = _device(r)
     return {
@@ -387,12 +296,12 @@ class ServingConfig:
         Raises ``ConfigError`` on the first invalid value.
         """
         name = _check_engine(engine)
-        reader = _Reader(options, server or {})
+        reader = Reader(options, server or {})
         return cls(
             engine=name,
             **_common(reader),
             **_batching(reader, name),
-            hf=_hf(reader) if name == "huggingface" else HuggingFaceOptions(),
+            hf=read_hf_options(reader, loading=name == "huggingface") if name in _HF_FAMILY else HuggingFaceOptions(),
             deepspeed=_deepspeed(reader) if name == "deepspeed" else DeepSpeedOptions(),
             vllm=_vllm(reader) if name in ("vllm", "lmi-dist") else VllmOptions(),
             trtllm=_trtllm(reader) if name == "tensorrt_llm" else TrtLlmOptions(),

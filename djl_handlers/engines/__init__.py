@@ -1,1 +1,1 @@
-"""djl_handlers.engines"""
+"""Engines: the protocol (``base``), the lazy registry, the fake engine; ``hf/`` and ``external/`` families."""

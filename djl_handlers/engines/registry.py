@@ -25,13 +25,13 @@ LOG = logging.getLogger(__name__)
 # One class per engine of ``djl_handlers.config.engines.ENGINES`` (aliases resolved there), plus
 # the deterministic fake engine.
 ENGINES: Mapping[str, str] = {
-    "huggingface": "djl_handlers.engines.hf_engine:HFEngine",
-    "deepspeed": "djl_handlers.engines.deepspeed_engine:DeepSpeedEngine",
-    "vllm": "djl_handlers.engines.vllm_engine:VllmEngine",
+    "huggingface": "djl_handlers.engines.hf.engine:HFEngine",
+    "deepspeed": "djl_handlers.engines.external.deepspeed:DeepSpeedEngine",
+    "vllm": "djl_handlers.engines.external.vllm:VllmEngine",
     # LMI-Dist is not on PyPI: its parameter set is served by the vLLM adapter (it logs so).
-    "lmi-dist": "djl_handlers.engines.vllm_engine:LmiDistEngine",
-    "tensorrt_llm": "djl_handlers.engines.trtllm_engine:TrtLlmEngine",
-    "fake": "djl_handlers.engines.fake_engine:FakeEngine",
+    "lmi-dist": "djl_handlers.engines.external.vllm:LmiDistEngine",
+    "tensorrt_llm": "djl_handlers.engines.external.trtllm:TrtLlmEngine",
+    "fake": "djl_handlers.engines.fake:FakeEngine",
 }
 # Top-level modules each engine needs, the first being the one named in messages.
 REQUIRED_MODULES: Mapping[str, tuple[str, ...]] = {

@@ -3,7 +3,7 @@ format and carry the error, whether the request fails before anything was sent (
 body, its code the status) or in the middle of a stream (the error is the stream's last event).
 
 The server is ``djl-handlers serve`` on the real pipeline over the fake engine, whose prompt mark
-``<fail@N>`` fails a request at its N-th token (see ``djl_handlers.engines.fake_engine``).
+``<fail@N>`` fails a request at its N-th token (see ``djl_handlers.engines.fake``).
 """
 
 from __future__ import annotations

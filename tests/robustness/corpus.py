@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, Optional
 
-from djl_handlers.engines.fake_engine import REPLY
+from djl_handlers.engines.fake import REPLY
 from djl_handlers.params.generation import SPECS, GenerationParameters
 from djl_handlers.params.translate import supported_parameters
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
-from djl_handlers.engines.fake_engine import REPLY, FakeEngine
+from djl_handlers.engines.fake import REPLY, FakeEngine
 from djl_handlers.io import Input
 from djl_handlers.testing.java_loop import DriverRequest, RollingBatchDriver, json_request
 from tests.robustness.harness import make_service

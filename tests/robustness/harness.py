@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from djl_handlers.engines.fake_engine import REPLY, ByteTokenizer, FakeEngine
+from djl_handlers.engines.fake import REPLY, ByteTokenizer, FakeEngine
 from djl_handlers.io import Input
 from djl_handlers.service import InferenceService
 from djl_handlers.testing.java_loop import DriverRequest, RollingBatchDriver, json_request

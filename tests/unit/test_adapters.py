@@ -12,9 +12,9 @@ from typing import Any, Optional
 
 import pytest
 
-from djl_handlers.adapters.management import AdapterManager
-from djl_handlers.adapters.registry import AdapterError, AdapterNotFound, AdapterRegistry, spec_from_input
-from djl_handlers.adapters.selection import openai_adapter, select_adapters
+from djl_handlers.lora.management import AdapterManager
+from djl_handlers.lora.registry import AdapterError, AdapterNotFound, AdapterRegistry, spec_from_input
+from djl_handlers.lora.selection import openai_adapter, select_adapters
 from djl_handlers.errors import InvalidRequest
 from djl_handlers.io import Input
 from djl_handlers.request.parser import ParserSettings, parse_request
@@ -144,7 +144,7 @@ def test_engine_without_lora_support_is_a_config_error() -> None:
 
 # -- request selection ----------------------------------------------------------------------------
 def _registry(*names: str) -> AdapterRegistry:
-    from djl_handlers.adapters.registry import AdapterSpec
+    from djl_handlers.lora.registry import AdapterSpec
 
     registry = AdapterRegistry()
     for name in names:

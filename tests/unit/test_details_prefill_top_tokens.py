@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from djl_handlers.engines.base import EngineRequest, StepOutput  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.errors import InvalidParameter  # noqa: E402
 from djl_handlers.formatting import get_formatter  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402

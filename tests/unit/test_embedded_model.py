@@ -89,7 +89,7 @@ def test_fresh_conversion_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.slow
 def test_real_model_knows_the_capital_of_france(real_model: Any) -> None:
     from djl_handlers.engines.base import EngineRequest
-    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.params.generation import GenerationParameters
 
     model, tok = real_model

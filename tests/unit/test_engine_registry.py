@@ -51,7 +51,7 @@ def no_engine_libraries(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_engine_is_registered() -> None:
     assert set(registry.ENGINES) >= {"huggingface", "deepspeed", "vllm", "lmi-dist", "tensorrt_llm"}
-    assert registry.ENGINES["lmi-dist"].startswith("djl_handlers.engines.vllm_engine:")
+    assert registry.ENGINES["lmi-dist"].startswith("djl_handlers.engines.external.vllm:")
 
 
 @pytest.mark.parametrize(
@@ -90,7 +90,7 @@ def test_missing_library_names_the_extra(no_engine_libraries: None, name: str, m
 
 
 def test_adapter_import_time_import_error_becomes_engine_not_installed(no_engine_libraries: None) -> None:
-    from djl_handlers.engines.vllm_engine import VllmEngine
+    from djl_handlers.engines.external.vllm import VllmEngine
 
     config = ServingConfig.from_properties({"model_id": "x", "rolling_batch": "auto"}, engine="vllm")
     with pytest.raises(EngineNotInstalled, match=r"pip install djl_handlers\[vllm\]"):
@@ -118,8 +118,8 @@ def test_translate_import_error() -> None:
 
 
 def test_classes_load_lazily_with_from_config(fakes_on_path: None) -> None:
-    from djl_handlers.engines.trtllm_engine import TrtLlmEngine
-    from djl_handlers.engines.vllm_engine import LmiDistEngine, VllmEngine
+    from djl_handlers.engines.external.trtllm import TrtLlmEngine
+    from djl_handlers.engines.external.vllm import LmiDistEngine, VllmEngine
 
     assert registry.load_engine_class("vllm") is VllmEngine
     assert registry.load_engine_class("lmi-dist") is LmiDistEngine
@@ -133,8 +133,8 @@ def test_registry_import_pulls_no_engine_library() -> None:
     import subprocess
 
     code = (
-        "import sys, djl_handlers.engines.registry, djl_handlers.engines.vllm_engine, "
-        "djl_handlers.engines.trtllm_engine; "
+        "import sys, djl_handlers.engines.registry, djl_handlers.engines.external.vllm, "
+        "djl_handlers.engines.external.trtllm; "
         "print(sorted(m for m in ('torch', 'vllm', 'tensorrt_llm', 'deepspeed') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -175,7 +175,7 @@ def ds_config(tp: int = 1, dtype: str = "fp32", **options: Any) -> Any:
 
 def test_init_inference_wiring_single_process() -> None:
     torch = pytest.importorskip("torch")
-    from djl_handlers.engines.deepspeed_engine import init_deepspeed
+    from djl_handlers.engines.external.deepspeed import init_deepspeed
 
     ds, model = fake_deepspeed(), torch.nn.Linear(2, 2)
     assert init_deepspeed(model, ds_config(dtype="bf16", max_tokens=512), ds) is model
@@ -189,7 +189,7 @@ def test_init_inference_wiring_single_process() -> None:
 
 def test_tensor_parallel_initialises_distributed_and_disables_shm_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    from djl_handlers.engines.deepspeed_engine import init_deepspeed
+    from djl_handlers.engines.external.deepspeed import init_deepspeed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     ds = fake_deepspeed(world_size=2)
@@ -201,7 +201,7 @@ def test_tensor_parallel_initialises_distributed_and_disables_shm_on_cpu(monkeyp
 
 def test_tensor_parallel_needs_matching_world_size() -> None:
     torch = pytest.importorskip("torch")
-    from djl_handlers.engines.deepspeed_engine import init_deepspeed
+    from djl_handlers.engines.external.deepspeed import init_deepspeed
 
     with pytest.raises(ConfigError, match="tensor_parallel_degree=2 needs 2 processes"):
         init_deepspeed(torch.nn.Linear(2, 2), ds_config(tp=2), fake_deepspeed(world_size=1, initialized=True))
@@ -209,7 +209,7 @@ def test_tensor_parallel_needs_matching_world_size() -> None:
 
 def test_quantize_is_refused() -> None:
     torch = pytest.importorskip("torch")
-    from djl_handlers.engines.deepspeed_engine import init_deepspeed
+    from djl_handlers.engines.external.deepspeed import init_deepspeed
 
     with pytest.raises(ConfigError, match="quantize"):
         init_deepspeed(torch.nn.Linear(2, 2), ds_config(quantize="dynamic_int8"), fake_deepspeed())
@@ -217,7 +217,7 @@ def test_quantize_is_refused() -> None:
 
 def test_deepspeed_engine_steps_the_wrapped_model(tiny_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.params.generation import GenerationParameters
 
     ds = fake_deepspeed()

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("xgrammar")
 
 from djl_handlers.engines.base import EngineRequest, StepOutput  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.errors import InvalidParameter, status_of  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""``option.cpu_fuse_projections``: sibling projections as one oneDNN GEMM (engines/hf_cpu_fused.py)."""
+"""``option.cpu_fuse_projections``: sibling projections as one oneDNN GEMM (engines/hf/cpu/fused.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,15 @@ pytest.importorskip("transformers")
 
 from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 
-from djl_handlers.engines import hf_cpu_fused as fused  # noqa: E402
-from djl_handlers.engines import hf_cpu_linear  # noqa: E402
-from djl_handlers.engines.hf_cpu_fused import FusedMember, ProjectionGroup, fuse_projections, unfuse_projections  # noqa: E402
-from djl_handlers.engines.hf_cpu_linear import PackedLinear, prepack_linears, unpack_linears  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
-from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
-from djl_handlers.errors import ConfigError  # noqa: E402
+from djl_handlers.engines.hf.cpu import fused  # noqa: E402
+from djl_handlers.engines.hf.cpu import linear as packed_linear  # noqa: E402
+from djl_handlers.engines.hf.cpu.fused import FusedMember, ProjectionGroup, fuse_projections, unfuse_projections  # noqa: E402
+from djl_handlers.engines.hf.cpu.linear import PackedLinear, prepack_linears, unpack_linears  # noqa: E402
+from djl_handlers.engines.hf.cpu.patches import revert  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
-pytestmark = pytest.mark.skipif(not hf_cpu_linear.available(), reason="this torch has no oneDNN")
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN")
 
 
 def _siblings(dtype: Any, sizes: tuple[int, ...] = (96, 32, 32), inp: int = 80, bias: bool = False) -> list[Any]:
@@ -65,7 +64,7 @@ def test_a_sibling_called_with_the_same_tensor_reuses_the_fused_result() -> None
     members = _group(layers)
     group = members[0].group
     calls: list[int] = []
-    real = hf_cpu_linear.run_packed
+    real = packed_linear.run_packed
 
     def counting(*args: Any) -> Any:
         calls.append(1)
@@ -180,7 +179,7 @@ def test_fusing_drops_the_members_own_packed_copy_and_unpacking_restores_everyth
     x = torch.randn(2, 16)
     assert torch.allclose(model.attn.q_proj(x), torch.nn.functional.linear(x, model.attn.q_proj.weight), atol=1e-5)
     fuse_projections(model, check=False)
-    assert unpack_linears(model) == 5
+    assert unfuse_projections(model) == 5 and unpack_linears(model) == 5
     assert all("forward" not in m.__dict__ for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
@@ -196,15 +195,8 @@ def test_engine_with_fused_projections_equals_generate_alone(fixture: str, reque
         got = engine_tokens(model, tok, prompts, news)
         assert [got[i][:n] for i, n in enumerate(news)] == generate_tokens(model, prompts, news)
     finally:
-        unpack_linears(model)
+        revert(model)
 
-
-def test_loader_option_is_validated_and_named() -> None:
-    assert LoadOptions.from_config({"option.cpu_fuse_projections": "FALSE"}).cpu_fuse_projections is False
-    assert LoadOptions.from_config({}).cpu_fuse_projections is False
-    with pytest.raises(ConfigError, match="option.cpu_fuse_projections='maybe'") as info:
-        LoadOptions.from_config({"option.cpu_fuse_projections": "maybe"})
-    assert info.value.field == "option.cpu_fuse_projections"
 
 
 @pytest.mark.parametrize(("options", "fused"), [({}, True), ({"cpu_fuse_projections": "false"}, False),
@@ -222,7 +214,7 @@ def test_the_hf_engine_fuses_by_default_on_the_cpu(tiny_dir: Any, options: dict[
 
 # -- SiLU·mul over the fused gate/up output (kernels/silu_mul.py, FusedMLP) ---------------------
 
-from djl_handlers.engines.hf_cpu_fused import FusedMLP  # noqa: E402
+from djl_handlers.engines.hf.cpu.fused import FusedMLP  # noqa: E402
 from djl_handlers.kernels import silu_mul as silu_kernel  # noqa: E402
 
 needs_silu = pytest.mark.skipif(not silu_kernel.available(),
@@ -319,7 +311,7 @@ def test_the_tiny_model_gets_fused_mlps(tiny_model: Any) -> None:
         assert fuse_projections(model) == 4  # 2 layers x (q/k/v, gate/up)
         assert sum(isinstance(m.__dict__.get("forward"), FusedMLP) for m in model.modules()) == 2
     finally:
-        unpack_linears(model)
+        revert(model)
     assert not any(isinstance(m.__dict__.get("forward"), (FusedMLP, FusedMember)) for m in model.modules())
 
 

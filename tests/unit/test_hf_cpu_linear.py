@@ -1,4 +1,4 @@
-"""``option.cpu_linear=onednn``: prepacked oneDNN linear layers (engines/hf_cpu_linear.py)."""
+"""``option.cpu_linear=onednn``: prepacked oneDNN linear layers (engines/hf/cpu/linear.py)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ pytest.importorskip("transformers")
 
 from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 
-from djl_handlers.engines import hf_cpu_linear  # noqa: E402
-from djl_handlers.engines.hf_cpu_fused import FusedMember  # noqa: E402
-from djl_handlers.engines.hf_cpu_linear import PackedLinear, prepack_linears, unpack_linears  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
-from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
-from djl_handlers.errors import ConfigError  # noqa: E402
+from djl_handlers.engines.hf.cpu import linear as packed_linear  # noqa: E402
+from djl_handlers.engines.hf.cpu.fused import FusedMember  # noqa: E402
+from djl_handlers.engines.hf.cpu.linear import PackedLinear, prepack_linears, unpack_linears  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
-pytestmark = pytest.mark.skipif(not hf_cpu_linear.available(), reason="this torch has no oneDNN")
+pytestmark = pytest.mark.skipif(not packed_linear.available(), reason="this torch has no oneDNN")
 
 
 def _linear(dtype: Any, bias: bool = False, out: int = 96, inp: int = 80) -> Any:
@@ -89,13 +87,6 @@ def test_engine_with_packed_layers_equals_generate_alone(fixture: str, request: 
     finally:
         unpack_linears(model)
 
-
-def test_loader_option_is_validated_and_named() -> None:
-    assert LoadOptions.from_config({"option.cpu_linear": "ONEDNN"}).cpu_linear == "onednn"
-    assert LoadOptions.from_config({}).cpu_linear == "torch"
-    with pytest.raises(ConfigError, match="option.cpu_linear='mkl'") as info:
-        LoadOptions.from_config({"option.cpu_linear": "mkl"})
-    assert info.value.field == "option.cpu_linear"
 
 
 @pytest.mark.parametrize(("value", "packed"), [(None, True), ("onednn", True), ("torch", False)])

@@ -1,5 +1,5 @@
 """``option.cpu_norm``: the fused RMSNorm kernel (kernels/rms_norm.*), its module replacement
-(engines/hf_cpu_norm.py) and the loader's switch."""
+(engines/hf/cpu/norm.py) and the loader's switch."""
 
 from __future__ import annotations
 
@@ -18,10 +18,8 @@ from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
-from djl_handlers.engines.hf_cpu_norm import FusedRMSNorm, fuse_rms_norms, matches, unfuse_rms_norms  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
-from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
-from djl_handlers.errors import ConfigError  # noqa: E402
+from djl_handlers.engines.hf.cpu.norm import FusedRMSNorm, fuse_rms_norms, matches, unfuse_rms_norms  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.kernels import build  # noqa: E402
 from djl_handlers.kernels import rms_norm as kernel  # noqa: E402
 
@@ -321,13 +319,6 @@ def test_engine_with_fused_norms_equals_generate_and_the_stock_model(tiny_model:
 # ---------------------------------------------------------------------------------------------
 # 3. the loader's switch
 
-
-def test_loader_option_is_validated_and_named() -> None:
-    assert LoadOptions.from_config({"option.cpu_norm": " FUSED "}).cpu_norm == "fused"
-    assert LoadOptions.from_config({}).cpu_norm == "torch"
-    with pytest.raises(ConfigError, match="option.cpu_norm='triton'") as info:
-        LoadOptions.from_config({"option.cpu_norm": "triton"})
-    assert info.value.field == "option.cpu_norm"
 
 
 def _engine(tiny_dir: Path, value: str | None) -> HFEngine:

@@ -1,5 +1,5 @@
 """``option.cpu_rotary``: rotary embedding in one C call, bitwise torch's (kernels/rotary.py,
-engines/hf_cpu_rotary.py)."""
+engines/hf/cpu/rotary.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ pytest.importorskip("transformers")
 from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 
-from djl_handlers.engines import hf_cpu_rotary  # noqa: E402
-from djl_handlers.engines.hf_cpu_rotary import FastRotary, disable, enable, matches  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
-from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
-from djl_handlers.errors import ConfigError  # noqa: E402
+from djl_handlers.engines.hf.cpu import rotary  # noqa: E402
+from djl_handlers.engines.hf.cpu.rotary import FastRotary, disable, enable, matches  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.kernels import rotary as kernel  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
@@ -137,13 +135,6 @@ def test_engine_with_the_kernel_equals_generate_alone(tiny_model: Any) -> None:
     assert [got[i][:n] for i, n in enumerate(news)] == want
 
 
-def test_loader_option_is_validated_and_named() -> None:
-    assert LoadOptions.from_config({"option.cpu_rotary": "FUSED"}).cpu_rotary == "fused"
-    assert LoadOptions.from_config({}).cpu_rotary == "torch"
-    with pytest.raises(ConfigError, match="option.cpu_rotary='fast'") as info:
-        LoadOptions.from_config({"option.cpu_rotary": "fast"})
-    assert info.value.field == "option.cpu_rotary"
-
 
 @pytest.mark.parametrize(("value", "installed"), [(None, True), ("torch", False)])
 def test_the_hf_engine_uses_the_kernel_by_default(tiny_dir: Any, value: str | None, installed: bool) -> None:
@@ -155,4 +146,4 @@ def test_the_hf_engine_uses_the_kernel_by_default(tiny_dir: Any, value: str | No
     try:
         assert isinstance(modeling_llama.apply_rotary_pos_emb, FastRotary) == installed
     finally:
-        hf_cpu_rotary.disable(engine.model)
+        rotary.disable(engine.model)

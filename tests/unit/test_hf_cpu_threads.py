@@ -1,5 +1,5 @@
 """``option.cpu_threads``: the HF engine's torch thread count follows the cores its steps get
-(engines/hf_cpu_threads.py). The governor runs on injected clocks; the engine tests load the tiny model."""
+(engines/hf/cpu/threads.py). The governor runs on injected clocks; the engine tests load the tiny model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from djl_handlers.engines.hf_cpu_threads import ThreadGovernor, run_queue_seconds
+from djl_handlers.engines.hf.cpu.threads import ThreadGovernor, run_queue_seconds
 
 
 class _Clocks:
@@ -158,7 +158,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from djl_handlers.config.models import ServingConfig  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
 
 pytest_plugins = ["conftest_models"]

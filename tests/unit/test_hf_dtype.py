@@ -1,4 +1,4 @@
-"""option.dtype=auto per device (djl_handlers.engines.hf_dtype)."""
+"""option.dtype=auto per device (djl_handlers.engines.hf.dtype)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from djl_handlers.engines.hf_dtype import checkpoint_dtype, cpu_has_native_bf16, resolve_auto
+from djl_handlers.engines.hf.dtype import checkpoint_dtype, cpu_has_native_bf16, resolve_auto
 
 pytest_plugins = ["conftest_models"]  # fixtures: tiny_dir
 
@@ -43,7 +43,7 @@ def test_checkpoint_dtype_reads_the_config(tiny_dir: Path, tmp_path: Path) -> No
 def test_engine_load_with_auto_uses_the_resolved_dtype(tiny_dir: Path) -> None:
     torch = pytest.importorskip("torch")
     from djl_handlers.config.models import ServingConfig
-    from djl_handlers.engines.hf_engine import HFEngine
+    from djl_handlers.engines.hf.engine import HFEngine
 
     engine = HFEngine.from_config(ServingConfig.from_properties({"model_id": str(tiny_dir), "dtype": "auto"}))
     want = resolve_auto("cpu", checkpoint_dtype(str(tiny_dir), local_files_only=True))

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from djl_handlers.engines.sampling import RowSampling, sample_batch  # noqa: E402
+from djl_handlers.engines.hf.sampling import RowSampling, sample_batch  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 
 VOCAB = 64

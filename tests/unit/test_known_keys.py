@@ -53,12 +53,18 @@ def test_keys_that_djl_or_we_read_are_not_warned_about() -> None:
     assert key_warnings({"enforce_eager": "true", "max_loras": "2"}, {}, "vllm") == []
 
 
-@pytest.mark.parametrize("key", ["cpu_attention", "cpu_linear", "cpu_norm", "hf_step"])
-def test_huggingface_only_keys_are_known_there_and_named_elsewhere(key: str) -> None:
-    assert key in engine_option_keys("huggingface") and key in known_option_keys("huggingface")
-    assert key_warnings({key: "x"}, {}, "huggingface") == []
+@pytest.mark.parametrize("key", ["cpu_attention", "cpu_linear", "cpu_norm", "hf_step", "max_prefill_tokens"])
+def test_hf_engine_keys_are_known_to_its_family_and_named_elsewhere(key: str) -> None:
+    for engine in ("huggingface", "deepspeed"):  # DeepSpeed steps with the HF engine
+        assert key in engine_option_keys(engine) and key in known_option_keys(engine)
+        assert key_warnings({key: "x"}, {}, engine) == []
     (warning,) = key_warnings({key: "x"}, {}, "vllm")
-    assert f"option.{key} is read only by the huggingface engine(s)" in warning
+    assert f"option.{key} is read only by the huggingface, deepspeed engine(s)" in warning
+
+
+def test_hf_loading_keys_are_not_deepspeed_keys() -> None:
+    assert "attn_implementation" in engine_option_keys("huggingface")
+    assert "attn_implementation" not in engine_option_keys("deepspeed")
 
 
 def test_an_unknown_key_without_a_close_match_is_still_named() -> None:

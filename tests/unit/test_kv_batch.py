@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from djl_handlers.engines.hf_batch import GROW, KVBatch, SlabLayer, left_pad, pad_left  # noqa: E402
+from djl_handlers.engines.hf.batch import GROW, KVBatch, SlabLayer, left_pad, pad_left  # noqa: E402
 
 
 def _batch(masks: list[list[int]], start: int = 0) -> tuple[KVBatch, Any]:

@@ -69,9 +69,9 @@ def test_architecture_names_only_classes_that_exist() -> None:
 
 def test_engines_read_generation_settings_only_through_translations() -> None:
     """No ``getattr`` on a request's parameters in the engines: settings come from ``to_*``."""
-    for path in (ROOT / "djl_handlers" / "engines").glob("*.py"):
+    for path in (ROOT / "djl_handlers" / "engines").rglob("*.py"):
         text = path.read_text()
         assert "getattr(params" not in text and "getattr(request.params" not in text, path.name
         assert "getattr(r.params" not in text and "getattr(req.params" not in text, path.name
-    for name in ("hf_engine.py", "hf_static.py"):
+    for name in ("hf/engine.py", "hf/static.py"):
         assert "translate(" in (ROOT / "djl_handlers" / "engines" / name).read_text(), name

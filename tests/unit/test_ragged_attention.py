@@ -1,5 +1,5 @@
 """``option.cpu_attention``: decode attention over each row's real tokens only (kernels/decode_attention.*,
-engines/hf_ragged_attn.py, the loader's switch, kernels/build.py)."""
+engines/hf/cpu/ragged_attention.py, the loader's switch, kernels/build.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,10 @@ from engine_runs import engine_tokens, generate_tokens  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from djl_handlers.engines import hf_ragged_attn  # noqa: E402
-from djl_handlers.engines.hf_cpu_linear import prepack_linears, unpack_linears  # noqa: E402
-from djl_handlers.engines.hf_engine import HFEngine  # noqa: E402
-from djl_handlers.engines.hf_loader import LoadOptions  # noqa: E402
-from djl_handlers.engines.hf_ragged_attn import ATTN_NAME, disable, enable, starts_from_mask  # noqa: E402
+from djl_handlers.engines.hf.cpu import ragged_attention  # noqa: E402
+from djl_handlers.engines.hf.cpu.linear import prepack_linears, unpack_linears  # noqa: E402
+from djl_handlers.engines.hf.cpu.ragged_attention import ATTN_NAME, disable, enable, starts_from_mask  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
 from djl_handlers.kernels import build  # noqa: E402
 from djl_handlers.kernels import decode_attention as kernel  # noqa: E402
@@ -296,7 +295,7 @@ def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
     news = [7, 5, 9, 6]
     kernel_calls: list[tuple[int, int]] = []  # (rows, queries) of every kernel call
     fallback_queries: list[int] = []
-    real_kernel, real_sdpa = kernel.attention, hf_ragged_attn._sdpa
+    real_kernel, real_sdpa = kernel.attention, ragged_attention._sdpa
 
     def counting_kernel(query: Tensor, *args: Any) -> Tensor | None:
         out = real_kernel(query, *args)
@@ -309,7 +308,7 @@ def test_engine_with_ragged_attention_equals_generate_alone_and_stock_sdpa(
         return real_sdpa(module, query, *args, **kwargs)
 
     monkeypatch.setattr(kernel, "attention", counting_kernel)
-    monkeypatch.setattr(hf_ragged_attn, "_sdpa", counting_sdpa)
+    monkeypatch.setattr(ragged_attention, "_sdpa", counting_sdpa)
     assert model.config._attn_implementation == "sdpa"
     assert prepack_linears(model) > 0
     try:
@@ -377,7 +376,7 @@ def test_enable_leaves_other_attentions_alone(tiny_model: Any) -> None:
 @needs_kernel
 @pytest.mark.parametrize("required", [False, True])
 def test_a_model_not_on_sdpa_keeps_its_attention_even_when_ragged_is_required(tiny_model: Any, required: bool) -> None:
-    from djl_handlers.engines.hf_loader import use_ragged_attention
+    from djl_handlers.engines.hf.cpu.patches import use_ragged_attention
 
     model, _ = tiny_model
     model.config._attn_implementation = "eager"
@@ -391,14 +390,6 @@ def test_a_model_not_on_sdpa_keeps_its_attention_even_when_ragged_is_required(ti
 # ---------------------------------------------------------------------------------------------
 # 6. the loader's switch
 
-
-def test_loader_option_is_validated_and_named() -> None:
-    assert LoadOptions.from_config({"option.cpu_attention": " RAGGED "}).cpu_attention == "ragged"
-    assert LoadOptions.from_config({"option.cpu_attention": "auto"}).cpu_attention == "auto"
-    assert LoadOptions.from_config({}).cpu_attention == "sdpa"
-    with pytest.raises(ConfigError, match="option.cpu_attention='flash'") as info:
-        LoadOptions.from_config({"option.cpu_attention": "flash"})
-    assert info.value.field == "option.cpu_attention"
 
 
 def _engine(tiny_dir: Path, value: str | None) -> HFEngine:
@@ -595,12 +586,12 @@ def test_prompt_masks_are_recognised_or_refused() -> None:
     # SDPA's builder unmasks the fully masked rows of padding queries: still recognised
     unmasked = mask | ~mask.any(dim=-1, keepdim=True)
     for m in (mask, unmasked):
-        got = hf_ragged_attn.starts_from_mask(m.unsqueeze(1).clone(), rows, width, queries)
+        got = ragged_attention.starts_from_mask(m.unsqueeze(1).clone(), rows, width, queries)
         assert got is not None and got.tolist() == [0, 5]
     not_causal = mask.clone()
     not_causal[0, 0, 6] = True  # the first query sees a later column
-    assert hf_ragged_attn.starts_from_mask(not_causal.unsqueeze(1), rows, width, queries) is None
-    assert hf_ragged_attn.starts_from_mask(mask.unsqueeze(1), rows, width, queries + 1) is None  # wrong shape
+    assert ragged_attention.starts_from_mask(not_causal.unsqueeze(1), rows, width, queries) is None
+    assert ragged_attention.starts_from_mask(mask.unsqueeze(1), rows, width, queries + 1) is None  # wrong shape
 
 
 @needs_kernel
@@ -611,14 +602,14 @@ def test_a_non_causal_layer_goes_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
         calls.append(query.shape[2])
         return None, None
 
-    monkeypatch.setattr(hf_ragged_attn, "_sdpa", recording_sdpa)
+    monkeypatch.setattr(ragged_attention, "_sdpa", recording_sdpa)
 
     class Bidirectional:
         is_causal = False
 
     query, key, value = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16), torch.randn(1, 2, 3, 16)
-    hf_ragged_attn.ragged_attention(Bidirectional(), query, key, value, None)
-    hf_ragged_attn.ragged_attention(object(), query, key, value, None, is_causal=False)
+    ragged_attention.ragged_attention(Bidirectional(), query, key, value, None)
+    ragged_attention.ragged_attention(object(), query, key, value, None, is_causal=False)
     assert calls == [3, 3]
-    out, _ = hf_ragged_attn.ragged_attention(object(), query, key, value, None)  # causal by default
+    out, _ = ragged_attention.ragged_attention(object(), query, key, value, None)  # causal by default
     assert out is not None and out.shape == (1, 3, 4, 16)

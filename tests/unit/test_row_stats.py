@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from djl_handlers.engines.sampling import RowSampling, log_normalizer, sample_batch  # noqa: E402
+from djl_handlers.engines.hf.sampling import RowSampling, log_normalizer, sample_batch  # noqa: E402
 from djl_handlers.kernels import row_stats as kernel  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 

@@ -58,7 +58,7 @@ def test_an_unknown_mode_warns_and_settles() -> None:
 DJL_WORKER = """
 import gc, json, sys
 sys.argv[0] = ARGV0
-from djl_handlers.engines.fake_engine import FakeEngine
+from djl_handlers.engines.fake import FakeEngine
 from djl_handlers.service import InferenceService
 from djl_handlers.testing.java_loop import RollingBatchDriver
 service = InferenceService("huggingface", engine_factory=lambda config: FakeEngine())

@@ -192,7 +192,7 @@ def test_slot_records_carry_step_tokens_and_final_stats() -> None:
 
 
 def test_vllm_kv_cache_usage_from_its_metrics_reader() -> None:
-    from djl_handlers.engines.vllm_engine import VllmEngine
+    from djl_handlers.engines.external.vllm import VllmEngine
 
     gauge = SimpleNamespace(name="vllm:kv_cache_usage_perc", value=0.125)
     other = SimpleNamespace(name="vllm:num_requests_running", value=2)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from djl_handlers.engines.fake_engine import REPLY, FakeEngine
+from djl_handlers.engines.fake import REPLY, FakeEngine
 from djl_handlers.io import Input
 from djl_handlers.service import InferenceService
 from djl_handlers.testing.java_loop import RollingBatchDriver, json_request

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from djl_handlers.engines.fake_engine import REPLY, FakeEngine
+from djl_handlers.engines.fake import REPLY, FakeEngine
 from djl_handlers.service import InferenceService
 from djl_handlers.testing.java_loop import DriverRequest, RollingBatchDriver, json_request
 

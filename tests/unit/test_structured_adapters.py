@@ -53,7 +53,7 @@ def request(engine: str, rid: int = 1, **params: Any) -> EngineRequest:
 def test_vllm_gets_structured_outputs_params(params: dict[str, Any], field: str, value: Any) -> None:
     import vllm
 
-    from djl_handlers.engines.vllm_engine import VllmEngine
+    from djl_handlers.engines.external.vllm import VllmEngine
 
     options = {"model_id": "toy", "rolling_batch": "vllm"}
     engine = VllmEngine.from_config(ServingConfig.from_properties(options, engine="vllm"))
@@ -67,7 +67,7 @@ def test_vllm_gets_structured_outputs_params(params: dict[str, Any], field: str,
 
 @pytest.mark.usefixtures("fakes")
 def test_vllm_rejection_of_the_constraint_is_a_400_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    from djl_handlers.engines.vllm_engine import VllmEngine
+    from djl_handlers.engines.external.vllm import VllmEngine
 
     options = {"model_id": "toy", "rolling_batch": "vllm"}
     engine = VllmEngine.from_config(ServingConfig.from_properties(options, engine="vllm"))
@@ -85,7 +85,7 @@ def test_vllm_rejection_of_the_constraint_is_a_400_naming_it(monkeypatch: pytest
 def test_older_vllm_without_structured_outputs_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm
 
-    from djl_handlers.engines.vllm_engine import vllm_structured_kwargs
+    from djl_handlers.engines.external.vllm import vllm_structured_kwargs
 
     monkeypatch.delattr(vllm.sampling_params, "StructuredOutputsParams")
     monkeypatch.delattr(vllm, "StructuredOutputsParams")
@@ -107,7 +107,7 @@ def test_older_vllm_without_structured_outputs_says_so(monkeypatch: pytest.Monke
 def test_trtllm_gets_guided_decoding_params(params: dict[str, Any], field: str, value: Any) -> None:
     import tensorrt_llm
 
-    from djl_handlers.engines.trtllm_engine import TrtLlmEngine, llm_kwargs
+    from djl_handlers.engines.external.trtllm import TrtLlmEngine, llm_kwargs
 
     config = ServingConfig.from_properties({"model_id": "toy"}, engine="tensorrt_llm")
     assert llm_kwargs(config, tensorrt_llm.llmapi)["guided_decoding_backend"] == "xgrammar"
@@ -122,7 +122,7 @@ def test_trtllm_gets_guided_decoding_params(params: dict[str, Any], field: str, 
 
 
 def test_fake_engine_refuses_structured_output() -> None:
-    from djl_handlers.engines.fake_engine import FakeEngine
+    from djl_handlers.engines.fake import FakeEngine
 
     engine = FakeEngine()
     with pytest.raises(InvalidParameter, match="not supported by engine fake"):

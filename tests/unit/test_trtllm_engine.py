@@ -45,7 +45,7 @@ def engine(fake_trt: Any) -> Iterator[Any]:
 
 
 def make_engine(options: dict[str, str] | None = None) -> Any:
-    from djl_handlers.engines.trtllm_engine import TrtLlmEngine
+    from djl_handlers.engines.external.trtllm import TrtLlmEngine
 
     config = ServingConfig.from_properties({"model_id": "toy", **(options or {})}, engine="tensorrt_llm")
     return TrtLlmEngine.from_config(config)
@@ -142,7 +142,7 @@ def test_release_after_finish_does_not_abort(engine: Any) -> None:
 
 
 def test_step_waits_at_most_poll_timeout(engine: Any) -> None:
-    from djl_handlers.engines.trtllm_engine import _Request
+    from djl_handlers.engines.external.trtllm import _Request
 
     started = time.monotonic()
     assert engine.step() == []  # nothing in flight: no wait at all
@@ -254,7 +254,7 @@ def test_a_failing_request_fails_alone(engine: Any, monkeypatch: pytest.MonkeyPa
     ],
 )
 def test_finish_reason_table(reason: Any, stop_reason: Any, generated: int, expected: str) -> None:
-    from djl_handlers.engines.trtllm_engine import map_finish_reason
+    from djl_handlers.engines.external.trtllm import map_finish_reason
 
     assert map_finish_reason(reason, stop_reason, generated, 5) == expected
 
@@ -289,7 +289,7 @@ def test_through_the_rolling_batch(engine: Any) -> None:
 def test_lora_config_and_per_request_lora(fake_trt: Any, tmp_path: Path) -> None:
     import json
 
-    from djl_handlers.adapters.registry import AdapterError, AdapterSpec
+    from djl_handlers.lora.registry import AdapterError, AdapterSpec
 
     eng = make_engine({"enable_lora": "true", "max_loras": "2", "max_lora_rank": "32", "max_cpu_loras": "4"})
     try:

@@ -36,7 +36,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def make_engine(options: dict[str, str] | None = None, engine: str = "vllm") -> Any:
-    from djl_handlers.engines.vllm_engine import LmiDistEngine, VllmEngine
+    from djl_handlers.engines.external.vllm import LmiDistEngine, VllmEngine
 
     options = {"model_id": "toy", "rolling_batch": "auto", **(options or {})}
     config = ServingConfig.from_properties(options, engine=engine)
@@ -208,7 +208,7 @@ def test_invalid_value_for_vllm_is_invalid_parameter(fake_vllm: Any, monkeypatch
 
 
 def test_key_unknown_to_the_installed_vllm(fake_vllm: Any) -> None:
-    from djl_handlers.engines.adapters import fit_kwargs
+    from djl_handlers.engines.external.common import fit_kwargs
 
     assert fit_kwargs(fake_vllm.SamplingParams, {"best_of": None, "n": 1}, "vllm") == {"n": 1}
     with pytest.raises(InvalidParameter, match="best_of=2 is not supported by the installed vllm") as info:
@@ -238,7 +238,7 @@ def test_abort_by_the_engine_is_an_error(fake_vllm: Any, monkeypatch: pytest.Mon
     ],
 )
 def test_finish_reason_table(reason: Any, stop_reason: Any, expected: Any) -> None:
-    from djl_handlers.engines.vllm_engine import map_finish_reason
+    from djl_handlers.engines.external.vllm import map_finish_reason
 
     assert map_finish_reason(reason, stop_reason) == expected
 
@@ -262,7 +262,7 @@ def test_engine_args_from_config(fake_vllm: Any) -> None:
 
 
 def test_lmi_dist_is_served_by_vllm_and_says_so(fake_vllm: Any, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="djl_handlers.engines.vllm_engine"):
+    with caplog.at_level(logging.WARNING, logger="djl_handlers.engines.external.vllm"):
         engine = make_engine(engine="lmi-dist")
     assert "option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is not installed)" in caplog.text
     assert "vLLM" in engine.name
@@ -335,7 +335,7 @@ def _adapter_dir(tmp_path: Path, name: str, rank: int) -> str:
 
 
 def test_lora_options_reach_engine_args_and_requests_carry_their_lora(fake_vllm: Any, tmp_path: Path) -> None:
-    from djl_handlers.adapters.registry import AdapterLimit, AdapterNotFound, AdapterSpec
+    from djl_handlers.lora.registry import AdapterLimit, AdapterNotFound, AdapterSpec
 
     engine = make_engine({"enable_lora": "true", "max_loras": "2", "max_lora_rank": "8", "max_cpu_loras": "3"})
     args = engine.engine.engine_args
@@ -360,7 +360,7 @@ def test_lora_options_reach_engine_args_and_requests_carry_their_lora(fake_vllm:
 
 
 def test_lora_disabled_refuses_adapters(fake_vllm: Any, tmp_path: Path) -> None:
-    from djl_handlers.adapters.registry import AdapterError, AdapterSpec
+    from djl_handlers.lora.registry import AdapterError, AdapterSpec
 
     engine = make_engine()
     assert not engine.engine.engine_args.enable_lora

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from socket_worker import SocketWorker
 
-from djl_handlers.engines.fake_engine import REPLY, FakeEngine
+from djl_handlers.engines.fake import REPLY, FakeEngine
 from djl_handlers.io import wire
 from djl_handlers.io.compat import input_from_frame
 from djl_handlers.protocol.messages import BatchFailure, WorkerRequest

@@ -65,7 +65,7 @@ def engine(adapters: dict[str, Any]) -> Iterator[Any]:
 
 
 def test_mixed_adapters_in_one_vllm_batch(engine: Any, adapters: dict[str, Any]) -> None:
-    from djl_handlers.adapters.registry import AdapterSpec
+    from djl_handlers.lora.registry import AdapterSpec
 
     for name, folder in adapters["folders"].items():
         engine.load_adapter(AdapterSpec(name, str(folder)))

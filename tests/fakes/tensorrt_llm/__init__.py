@@ -1,6 +1,6 @@
 """A FAKE of the ``tensorrt_llm`` package for djl_handlers' unit tests (tests put ``tests/fakes``
 on sys.path; nothing else does). It mirrors the LLM API of TensorRT-LLM 0.17-1.x that
-``djl_handlers.engines.trtllm_engine`` uses (``LLM``, ``SamplingParams``, ``generate_async``
+``djl_handlers.engines.external.trtllm`` uses (``LLM``, ``SamplingParams``, ``generate_async``
 with ``streaming=True``, ``RequestOutput``/``CompletionOutput``, ``abort()``), over a
 deterministic toy model and a background "executor" thread.
 """

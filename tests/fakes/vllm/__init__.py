@@ -1,6 +1,6 @@
 """A FAKE of the ``vllm`` package for djl_handlers' unit tests (tests put ``tests/fakes`` on
 sys.path; nothing else does). It mirrors the names, signatures and output objects of vLLM's
-V1 engine API (vLLM 0.10-0.1x) that ``djl_handlers.engines.vllm_engine`` uses, on top of a
+V1 engine API (vLLM 0.10-0.1x) that ``djl_handlers.engines.external.vllm`` uses, on top of a
 deterministic toy model. See ``vllm/engine/llm_engine.py`` for the behaviour it copies.
 """
 

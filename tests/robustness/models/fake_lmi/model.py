@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from djl_handlers.engines.fake_engine import ByteTokenizer, FakeEngine
+from djl_handlers.engines.fake import ByteTokenizer, FakeEngine
 from djl_handlers.service import InferenceService
 
 

@@ -29,8 +29,8 @@ from typing import Any, Optional
 
 import torch
 
-from djl_handlers.adapters.registry import AdapterLimit, AdapterNotFound, AdapterSpec
-from djl_handlers.engines.lora_weights import LoraWeights, load_lora_weights
+from djl_handlers.engines.hf.lora_weights import LoraWeights, load_lora_weights
+from djl_handlers.lora.registry import AdapterLimit, AdapterNotFound, AdapterSpec
 
 LOG = logging.getLogger(__name__)
 
@@ -227,7 +227,7 @@ def attach_lora(config: Any, engine: Any) -> Any:
 def require_lora(engine: Any) -> LoraSet:
     """The engine's :class:`LoraSet`, or an error saying LoRA is off."""
     if engine.lora is None:
-        from djl_handlers.adapters.registry import AdapterError
+        from djl_handlers.lora.registry import AdapterError
 
         raise AdapterError("LoRA adapters are not enabled for this model; set option.enable_lora=true",
                            field="option.enable_lora")

@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from djl_handlers.config.engines import DTYPE_NAMES
-from djl_handlers.engines.adapters import (
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.external.common import (
     fit_kwargs,
     import_engine_library,
     resolve_model,
     tensor_parallel_size,
     token_logprob,
 )
-from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong, message_of
 
 LOG = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
 def _lora_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     """``lora_config=LoraConfig(max_lora_rank, max_loras, max_cpu_loras)`` (TensorRT-LLM 1.x); older
     releases without ``LoraConfig`` take ``enable_lora``/``max_lora_rank``/``max_loras`` keywords."""
-    from djl_handlers.engines.vllm_engine import lora_kwargs
+    from djl_handlers.engines.external.vllm import lora_kwargs
 
     flat = lora_kwargs(config)
     if not flat:
@@ -158,7 +158,7 @@ class TrtLlmEngine:
         self.submit_timeout_s = submit_timeout_s
         self._ready: queue.Queue[tuple[int, _Delta]] = queue.Queue()
         self._requests: dict[int, _Request] = {}
-        self.loras: Any = None  # engines.lora_requests.EngineLoras with option.enable_lora=true
+        self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-adapter-loop", daemon=True)
         self._thread.start()
@@ -176,7 +176,7 @@ class TrtLlmEngine:
         max_len = getattr(getattr(llm, "args", None), "max_seq_len", None) or kwargs.get("max_seq_len") or 2048
         engine = cls(llm, max_model_len=int(max_len))
         if "lora_config" in kwargs or kwargs.get("enable_lora"):
-            from djl_handlers.engines.lora_requests import trtllm_loras
+            from djl_handlers.lora.external import trtllm_loras
 
             engine.loras = trtllm_loras(llmapi)
         return engine
@@ -237,7 +237,7 @@ class TrtLlmEngine:
 
     def _require_loras(self) -> Any:
         if self.loras is None:
-            from djl_handlers.adapters.registry import AdapterError
+            from djl_handlers.lora.registry import AdapterError
 
             raise AdapterError("LoRA adapters are not enabled for this model; set option.enable_lora=true",
                                field="option.enable_lora")

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
-from djl_handlers.engines.hf_batch import generate_key, left_pad, static_outputs
-from djl_handlers.engines.lora_hf import require_lora
+from djl_handlers.engines.hf.batch import generate_key, left_pad, static_outputs
+from djl_handlers.engines.hf.lora import require_lora
 from djl_handlers.errors import PromptTooLong, message_of
 from djl_handlers.params.translate import translate
 
@@ -38,7 +38,7 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
         except PromptTooLong as exc:
             results[i] = [StepOutput(req.request_id, error=exc.message)]
             continue
-        if req.adapter:  # LoRA: rows of one generate() may use different adapters (engines.lora_hf)
+        if req.adapter:  # LoRA: rows of one generate() may use different adapters (engines/hf/lora.py)
             try:
                 require_lora(engine).resolve(req.adapter)
             except Exception as exc:  # noqa: BLE001 - this request's own error
@@ -90,7 +90,7 @@ def _grammar_processor(engine: Any, constraint: Any, rows: int) -> Any:
     group share the constraint, so it is compiled once)."""
     from transformers import LogitsProcessorList
 
-    from djl_handlers.engines.grammar import GrammarLogitsProcessor
+    from djl_handlers.engines.hf.grammar import GrammarLogitsProcessor
 
     backend = engine.grammar_backend()
     compiled = backend.submit(constraint).result()

@@ -15,7 +15,7 @@ scales, 2-D and 3-D) and must agree bit for bit; a norm computing something else
 its own forward. (A random check cannot prove two formulas equal everywhere; it rejects every
 variant that changes the arithmetic.)
 
-Like :mod:`~djl_handlers.engines.hf_cpu_linear`, only ``forward`` is replaced on the instance:
+Like :mod:`~djl_handlers.engines.hf.cpu.linear`, only ``forward`` is replaced on the instance:
 the module, its weight, hooks and ``state_dict`` stay. At call time, inputs the kernel refuses
 (another dtype or device, autograd on, extra arguments) go to the original forward.
 :func:`unfuse_rms_norms` undoes it.

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Optional
 
-from djl_handlers.adapters.registry import AdapterError, AdapterLimit, AdapterNotFound, AdapterSpec
+from djl_handlers.lora.registry import AdapterError, AdapterLimit, AdapterNotFound, AdapterSpec
 
 LOG = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ def select_adapters(body_value: Any, item: Any, prompts: int,
 
 
 def _check(names: list[Optional[str]], registry: Optional[AdapterNames], alias: Optional[str]) -> None:
-    from djl_handlers.adapters.registry import AdapterNotFound
+    from djl_handlers.lora.registry import AdapterNotFound
 
     if registry is None:
         wanted = alias or next(n for n in names if n)

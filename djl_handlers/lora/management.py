@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, Optional
 
-from djl_handlers.adapters.registry import AdapterError, AdapterRegistry, AdapterSpec, spec_from_input
 from djl_handlers.errors import DjlHandlersError, message_of, status_of
+from djl_handlers.lora.registry import AdapterError, AdapterRegistry, AdapterSpec, spec_from_input
 
 LOG = logging.getLogger(__name__)
 

@@ -20,13 +20,13 @@ every row gets explicit position ids. The engine never finishes a row itself; th
 ``release``. The only exception: a row that would exceed ``max_model_len`` gets
 ``StepOutput(error=...)`` and is dropped.
 
-Structured output (``parameters.guided_*``): see :mod:`djl_handlers.engines.grammar`. The
+Structured output (``parameters.guided_*``): see :mod:`djl_handlers.engines.hf.grammar`. The
 constraint is checked in ``add_request`` (400 when invalid) and compiled on a background thread;
 the request waits in the queue (others go ahead) until its grammar is ready. Each constrained row
 has its own matcher; its bitmask is applied to a copy of the logits before sampling, so rows
 without constraints in the same step are computed exactly as before.
 
-Log-probs: see :mod:`djl_handlers.engines.sampling` (model distribution, before processing).
+Log-probs: see :mod:`djl_handlers.engines.hf.sampling` (model distribution, before processing).
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
 first output (``StepOutput.prompt_logprobs``), from the final hidden states of the same prefill
@@ -39,70 +39,33 @@ import inspect
 import logging
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from djl_handlers.config.hf import DEFAULT_PREFILL_TOKENS
 from djl_handlers.engines.base import EngineRequest, StepOutput, check_prompt_length
-from djl_handlers.engines.hf_batch import (
+from djl_handlers.engines.hf.batch import (
     KVBatch,
     left_pad,
     new_slab_cache,
     uses_plain_layers,
 )
-from djl_handlers.engines.hf_cpu_threads import ThreadGovernor
-from djl_handlers.engines.hf_prefill import forward_capturing, prompt_lps
-from djl_handlers.engines.hf_static import generate_static as static_generate
-from djl_handlers.engines.lora_hf import admits_row, attach_lora, require_lora, use_rows
-from djl_handlers.engines.sampling import RowSampling, sample_batch
+from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
+from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
+from djl_handlers.engines.hf.planner import first_ready, starts_chunked, take_group
+from djl_handlers.engines.hf.prefill import forward_capturing, prompt_lps
+from djl_handlers.engines.hf.rows import Partial, Row
+from djl_handlers.engines.hf.sampling import RowSampling, sample_batch
+from djl_handlers.engines.hf.static import generate_static as static_generate
 from djl_handlers.errors import ConfigError, EngineOutOfMemory
 from djl_handlers.params.translate import translate
 
 if TYPE_CHECKING:
     from djl_handlers.config.models import ServingConfig
-
-if TYPE_CHECKING:
-    from djl_handlers.engines.grammar import GrammarBackend, RowGrammar
+    from djl_handlers.engines.hf.grammar import GrammarBackend
 
 LOG = logging.getLogger(__name__)
-MAX_PREFILL_PADDING = 0.125  # the share of a prefill group's tokens that may be left padding
-# Prompt tokens (padded) prefilled per step unless ``option.max_prefill_tokens`` says otherwise: vLLM's
-# CPU default for its API server. Against 512 (the default before) it admits a burst of prompts in a
-# quarter of the steps, so fewer decode forwards run beside the prefill and the later decode steps run
-# at full batch: 1.31x tok/s (median of 4 alternated rounds, bf16) on the benchmark workload
-# (docs/benchmarks.md section 12). A smaller value lowers the inter-token-latency spike of a prefill step.
-DEFAULT_PREFILL_TOKENS = 2048
-
-
-@dataclass
-class _Row:
-    """One request in the running batch (or being prefilled)."""
-
-    request: EngineRequest
-    sampling: RowSampling
-    done: bool = False  # released or failed: dropped at the next compaction
-    prompt_lp: bool = False  # decoder_input_details: report the prompt tokens' log-probs
-    top_n: int = 0  # top_n_tokens: report this many most likely tokens per step
-    lora: Any = None  # the row's LoRA adapter weights (engines.lora_hf), None: base model
-    compiling: Future[Any] | None = None  # structured output: the grammar being compiled
-    grammar: RowGrammar | None = None  # structured output: this row's matcher
-
-    @property
-    def ready(self) -> bool:
-        """False until the row's compiled grammar has become its matcher (``_start_grammars``)."""
-        return self.compiling is None
-
-
-@dataclass
-class _Partial:
-    """A long prompt being prefilled chunk by chunk in its own batch-1 cache."""
-
-    row: _Row
-    cache: Any
-    offset: int = 0
-    prompt_lps: list[float | None] | None = None  # decoder_input_details: filled chunk by chunk
 
 
 class HFEngine:
@@ -136,79 +99,33 @@ class HFEngine:
         head = model.get_output_embeddings()
         self._vocab = int(head.weight.shape[0]) if head is not None else int(config.vocab_size)
         self._check_cache_layout()
-        self._queue: deque[_Row] = deque()
-        self._partial: _Partial | None = None
+        self._queue: deque[Row] = deque()
+        self._partial: Partial | None = None
         self._batch: KVBatch | None = None
         self._ids: set[int] = set()
-        self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines.lora_hf)
+        self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines/hf/lora.py)
         self._grammars: GrammarBackend | None = None
-        self.threads: ThreadGovernor | None = None  # option.cpu_threads=adaptive on a CPU (hf_cpu_threads)
+        self.threads: ThreadGovernor | None = None  # option.cpu_threads=adaptive on a CPU (engines/hf/cpu/threads.py)
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
-        """Build from a ``ServingConfig`` (registry entry point).
-
-        Reads ``model_id``, ``dtype``, ``device``/``device_id``, ``revision``, ``trust_remote_code``,
-        ``max_rolling_batch_size``, ``max_model_len``, ``hf.attn_implementation`` and, from the raw
-        options, ``max_prefill_tokens``, ``torch_threads``, ``cpu_linear`` (``onednn``, the default:
-        prepacked oneDNN linear layers on the CPU, :mod:`~djl_handlers.engines.hf_cpu_linear`; ``torch``),
-        ``cpu_fuse_projections`` (``true``, the default with ``onednn``: query/key/value and gate/up
-        projections each as one GEMM, :mod:`~djl_handlers.engines.hf_cpu_fused`; ``false``),
-        ``cpu_attention`` (``auto``, the default: decode attention over real tokens only,
-        :mod:`~djl_handlers.engines.hf_ragged_attn`, when its kernel builds; ``ragged``; ``sdpa``),
-        ``cpu_norm`` (``fused``, the default: one-pass RMSNorm on the CPU,
-        :mod:`~djl_handlers.engines.hf_cpu_norm`, when its kernel builds; ``torch``), ``cpu_rotary``
-        (``fused``, the default: rotary embedding in one C call, bitwise torch's,
-        :mod:`~djl_handlers.engines.hf_cpu_rotary`, when its kernel builds; ``torch``) and ``hf_step``
-        (``padded``, the default: this class's step; ``packed``: :mod:`~djl_handlers.engines.hf_packed`) and
-        ``cpu_threads`` (``adaptive``, the default: fewer torch threads while other processes take the cores,
-        :mod:`~djl_handlers.engines.hf_cpu_threads`; ``fixed``).
-        """
-        raw = config.raw
-        device = config.device
-        step = str(raw.get("hf_step") or "padded").strip().lower()
-        if step not in ("packed", "padded"):
-            raise ConfigError(f"option.hf_step={step!r} is not supported; use packed or padded", field="option.hf_step")
-        target: type[HFEngine] = cls
-        if cls is HFEngine and step == "packed":
-            if config.lora.enable_lora:
-                raise ConfigError("option.hf_step=packed cannot serve LoRA adapters yet (its step is one ragged row; "
-                                  "the per-row LoRA hook needs the padded step): drop option.hf_step or "
-                                  "option.enable_lora", field="option.hf_step")
-            from djl_handlers.engines.hf_packed import PackedHFEngine
-
-            target = PackedHFEngine
-        cpu_threads = str(raw.get("cpu_threads") or "adaptive").strip().lower()
-        if cpu_threads not in ("adaptive", "fixed"):
-            raise ConfigError(f"option.cpu_threads={cpu_threads!r} is not supported; use adaptive or fixed",
-                              field="option.cpu_threads")
-        engine = attach_lora(config, target.load(
-            config,
-            device=device,
-            attn_implementation=config.hf.attn_implementation,
-            torch_threads=raw.get("torch_threads"),
-            cpu_linear=raw.get("cpu_linear") or "onednn",
-            cpu_fuse_projections=_default(raw.get("cpu_fuse_projections"), True),
-            cpu_attention=raw.get("cpu_attention") or "auto",
-            cpu_norm=raw.get("cpu_norm") or "fused",
-            cpu_rotary=raw.get("cpu_rotary") or "fused",
-            max_batch_size=config.max_rolling_batch_size,
-            max_prefill_tokens=int(raw["max_prefill_tokens"]) if raw.get("max_prefill_tokens") else None,
-            max_model_len=config.max_model_len,
-        ))
-        if cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
+        """Build from a ``ServingConfig`` (registry entry point): the model and tokenizer as
+        :class:`~djl_handlers.engines.hf.loader.LoadOptions` takes them from ``config``, the limits of
+        :func:`step_limits`, LoRA (``option.enable_lora``) and, with ``option.cpu_threads=adaptive`` on a
+        CPU, a :class:`~djl_handlers.engines.hf.cpu.threads.ThreadGovernor`. Every option is typed in
+        ``config.hf`` (:mod:`djl_handlers.config.hf`)."""
+        engine = attach_lora(config, cls.load(config))
+        if config.hf.cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
             engine.threads = ThreadGovernor(torch.get_num_threads())
         return engine
 
     @classmethod
-    def load(cls, config: Any = None, **kwargs: Any) -> HFEngine:
-        """Load model and tokenizer (see :class:`~djl_handlers.engines.hf_loader.LoadOptions`)."""
-        from djl_handlers.engines.hf_loader import LoadOptions, load_model_and_tokenizer
+    def load(cls, config: ServingConfig) -> HFEngine:
+        """Load model and tokenizer as ``config`` says and step them."""
+        from djl_handlers.engines.hf.loader import LoadOptions, load_model_and_tokenizer
 
-        engine_keys = ("max_batch_size", "max_prefill_tokens", "max_model_len")
-        engine_kwargs = {k: kwargs.pop(k) for k in engine_keys if kwargs.get(k) is not None}
-        model, tokenizer = load_model_and_tokenizer(LoadOptions.from_config(config, **kwargs))
-        return cls(model, tokenizer, **engine_kwargs)
+        model, tokenizer = load_model_and_tokenizer(LoadOptions.from_config(config))
+        return cls(model, tokenizer, **step_limits(config))
 
     # ------------------------------------------------------------------ protocol
     def add_request(self, request: EngineRequest) -> None:
@@ -223,7 +140,7 @@ class HFEngine:
         sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
         lora = require_lora(self).resolve(request.adapter) if request.adapter else None
         self._ids.add(request.request_id)
-        row = _Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
+        row = Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
                    compiling=compiling)
         self._queue.append(row)
 
@@ -287,7 +204,7 @@ class HFEngine:
             self._batch = None  # free the whole cache now
 
     def load_adapter(self, spec: Any) -> None:
-        """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora_hf`."""
+        """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora`."""
         require_lora(self).load(spec)
 
     def unload_adapter(self, name: str) -> None:
@@ -322,7 +239,7 @@ class HFEngine:
                 "kv_cache_used_bytes": used, "kv_cache_allocated_bytes": allocated}
 
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
-        """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see ``hf_static``)."""
+        """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see :mod:`.static`)."""
         return static_generate(self, requests)
 
     # ------------------------------------------------------------------ internals
@@ -348,7 +265,7 @@ class HFEngine:
     def _forward_capturing(
         self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``_forward`` plus the final hidden states, for prompt log-probs (see ``hf_prefill``)."""
+        """``_forward`` plus the final hidden states, for prompt log-probs (see :mod:`.prefill`)."""
         return forward_capturing(self.model, lambda: self._forward(ids, mask, pos, cache))
 
     def _prompt_lps(
@@ -395,7 +312,7 @@ class HFEngine:
     def _emit(
         self,
         logits: torch.Tensor,
-        rows: list[_Row],
+        rows: list[Row],
         batch: KVBatch | None,
         prompt_lps: list[list[float | None] | None] | None = None,
     ) -> list[StepOutput]:
@@ -405,7 +322,7 @@ class HFEngine:
         grammars = [row.grammar for row in rows]
         ended = [False] * len(rows)
         if any(g is not None for g in grammars):
-            from djl_handlers.engines.grammar import constrained_sample
+            from djl_handlers.engines.hf.grammar import constrained_sample
 
             result, ended = constrained_sample(logits, [row.sampling for row in rows], grammars, top_n)
         else:
@@ -431,24 +348,27 @@ class HFEngine:
         return outputs
 
     def _prefill(self) -> list[StepOutput]:
+        """Continue a chunked prompt, then prefill queued prompts as :mod:`.planner` admits them."""
         budget = self.max_prefill_tokens
         outputs: list[StepOutput] = []
         if self._partial is not None:
             outputs, budget = self._continue_partial(budget)
         outputs += self._start_grammars()
         while self._queue and budget > 0 and self._partial is None:
-            head = self._first_ready()
+            head = first_ready(self._queue)
             if head is not None and len(head.request.prompt_ids) > self.max_prefill_tokens:
                 # only chunked prefill can take it: it starts on a full budget, nobody overtakes it
-                if budget == self.max_prefill_tokens and self._room() > 0 and admits_row(self, head):
+                if starts_chunked(head, budget, self.max_prefill_tokens, self._room(), self._admits):
                     self._queue.remove(head)
-                    self._partial = _Partial(head, self._new_cache())
+                    self._partial = Partial(head, self._new_cache())
                     more, budget = self._continue_partial(budget)
                     outputs += more
                 break
-            group = self._take_group(budget)
+            group = take_group(self._queue, budget, self._room(), self._admits)
             if not group:
                 break
+            for row in group:
+                self._queue.remove(row)
             budget -= len(group) * max(len(r.request.prompt_ids) for r in group)
             outputs += self._prefill_group(group)
         return outputs
@@ -457,35 +377,12 @@ class HFEngine:
         running = len(self._batch.rows) if self._batch is not None else 0
         return self.max_batch_size - running - (1 if self._partial is not None else 0)
 
-    def _take_group(self, budget: int) -> list[_Row]:
-        """Queued prompts, in arrival order, whose left-padded prefill fits ``budget`` tokens and the
-        batch cap (first fit: a prompt that does not fit what is left of this step's budget is
-        passed over for shorter ones behind it; it is considered first again at the next step). A
-        prompt that would make padding more than ``MAX_PREFILL_PADDING`` of the group's tokens is
-        left for the next group (padding costs a full token's compute; an extra forward costs one
-        read of the weights, a few percent of a prefill)."""
-        group: list[_Row] = []
-        longest = real = 0
-        room = self._room()
-        for row in [r for r in self._queue if r.ready]:  # rows whose grammar compiles wait
-            if len(group) >= room or not admits_row(self, row, group):
-                break  # an adapter that cannot join yet holds the rows behind it (FIFO)
-            n = len(row.request.prompt_ids)
-            padded = (len(group) + 1) * max(longest, n)
-            if padded > budget or (group and padded - real - n > MAX_PREFILL_PADDING * padded):
-                continue  # too long for what is left, or too unlike the group: a later group takes it
-            longest, real = max(longest, n), real + n
-            group.append(row)
-        for row in group:
-            self._queue.remove(row)
-        return group
-
-    def _first_ready(self) -> _Row | None:
-        return next((r for r in self._queue if r.ready), None)
+    def _admits(self, row: Row, taken: Sequence[Row]) -> bool:
+        return admits_row(self, row, taken)
 
     def grammar_backend(self) -> GrammarBackend:
         if self._grammars is None:
-            from djl_handlers.engines.grammar import GrammarBackend
+            from djl_handlers.engines.hf.grammar import GrammarBackend
 
             self._grammars = GrammarBackend(self.tokenizer, self._vocab, sorted(self.eos_token_ids))
         return self._grammars
@@ -494,7 +391,7 @@ class HFEngine:
         """Queued rows whose grammar is compiled get their matcher; a failed compile fails its row."""
         if self._grammars is None:
             return []
-        from djl_handlers.engines.grammar import start_matchers
+        from djl_handlers.engines.hf.grammar import start_matchers
 
         idle = self._batch is None and self._partial is None
         outputs: list[StepOutput] = []
@@ -503,7 +400,7 @@ class HFEngine:
             outputs += self._fail_rows([row], message)
         return outputs
 
-    def _prefill_group(self, group: list[_Row]) -> list[StepOutput]:
+    def _prefill_group(self, group: list[Row]) -> list[StepOutput]:
         """Prefill ``group`` as one left-padded batch and merge it. A failure of the forward (bad
         input, out of memory) fails these requests only; the running batch is untouched."""
         lengths = [len(r.request.prompt_ids) for r in group]
@@ -533,7 +430,7 @@ class HFEngine:
         self._merge(new)
         return outputs
 
-    def _fail_rows(self, rows: list[_Row], message: str) -> list[StepOutput]:
+    def _fail_rows(self, rows: list[Row], message: str) -> list[StepOutput]:
         for row in rows:
             row.done = True
             self._ids.discard(row.request.request_id)
@@ -602,6 +499,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _default(value: Any, default: Any) -> Any:
-    """``value`` as configured, or ``default`` when the option is unset or empty."""
-    return default if value is None or value == "" else value
+def step_limits(config: ServingConfig) -> dict[str, Any]:
+    """The engine's constructor limits from ``config``: batch rows, prefill budget, context length."""
+    return {"max_batch_size": config.max_rolling_batch_size, "max_prefill_tokens": config.hf.max_prefill_tokens,
+            "max_model_len": config.max_model_len}

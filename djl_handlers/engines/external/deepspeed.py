@@ -21,7 +21,7 @@ compiler at run time) nor used: with DeepSpeed 0.19.8 its ``inference_all_reduce
 139 on both ranks, measured here on an AVX-512 CPU); gloo's all-reduce works. If a process group
 with the op already exists, ``shm_vector_kernel_level = 0`` makes DeepSpeed fall back to gloo.
 
-This module imports torch (through ``hf_engine``); the registry imports it only after checking
+This module imports torch (through the HF engine); the registry imports it only after checking
 that deepspeed, torch and transformers are installed.
 """
 
@@ -29,12 +29,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from djl_handlers.config.engines import DTYPE_NAMES
-from djl_handlers.engines.adapters import import_engine_library, tensor_parallel_size
-from djl_handlers.engines.hf_engine import HFEngine
+from djl_handlers.engines.external.common import import_engine_library, tensor_parallel_size
+from djl_handlers.engines.hf.engine import HFEngine, step_limits
 from djl_handlers.errors import ConfigError
+
+if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
 
 LOG = logging.getLogger(__name__)
 
@@ -159,33 +163,31 @@ class DeepSpeedEngine(HFEngine):
     ds_engine: Any = None  # deepspeed.InferenceEngine; ``self.model`` is its ``.module``
 
     @classmethod
-    def load(cls, config: Any = None, **kwargs: Any) -> DeepSpeedEngine:
+    def load(cls, config: ServingConfig) -> DeepSpeedEngine:
         """Load with the HF loader, wrap with DeepSpeed, then build the HF stepping around it.
 
-        ``HFEngine.from_config`` reads the options and calls this. With tensor parallelism the
-        model is loaded on the CPU (DeepSpeed shards it and moves each shard to its rank's
-        device) and, on a CPU-only machine without ``torch_threads``/``OMP_NUM_THREADS``, each
-        rank gets ``cpu_count // tp_size`` threads so the ranks do not oversubscribe the cores.
+        ``HFEngine.from_config`` calls this. With tensor parallelism the model is loaded on the
+        CPU (DeepSpeed shards it and moves each shard to its rank's device) and, on a CPU-only
+        machine without ``torch_threads``/``OMP_NUM_THREADS``, each rank gets
+        ``cpu_count // tp_size`` threads so the ranks do not oversubscribe the cores.
         """
         import torch
 
-        from djl_handlers.engines.hf_loader import LoadOptions, load_model_and_tokenizer
+        from djl_handlers.engines.hf.loader import LoadOptions, load_model_and_tokenizer
 
         ds = import_engine_library("deepspeed", "deepspeed")
-        engine_keys = ("max_batch_size", "max_prefill_tokens", "max_model_len")
-        engine_kwargs = {k: kwargs.pop(k) for k in engine_keys if kwargs.get(k) is not None}
-        for key in engine_keys:
-            kwargs.pop(key, None)
+        options = LoadOptions.from_config(config)
+        hf = options.hf
         tp_size = tensor_parallel_size(config)
         if tp_size > 1:
-            kwargs["device"] = "cpu"
-            if kwargs.get("torch_threads") is None and not torch.cuda.is_available():
-                kwargs["torch_threads"] = _threads_per_rank(tp_size)
+            options = replace(options, device="cpu")
+            if hf.torch_threads is None and not torch.cuda.is_available():
+                hf = replace(hf, torch_threads=_threads_per_rank(tp_size))
         # DeepSpeed replaces or shards the linear layers (AutoTP); a fused q/k/v or gate/up group
         # would keep computing with the unsharded originals, so each projection stays its own layer.
-        kwargs["cpu_fuse_projections"] = False
-        model, tokenizer = load_model_and_tokenizer(LoadOptions.from_config(config, **kwargs))
+        options = replace(options, hf=replace(hf, cpu_fuse_projections=False))
+        model, tokenizer = load_model_and_tokenizer(options)
         wrapped = wrap_model(model, config, ds)
-        engine = cls(wrapped.module, tokenizer, **engine_kwargs)
+        engine = cls(wrapped.module, tokenizer, **step_limits(config))
         engine.ds_engine = wrapped
         return engine

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from djl_handlers.config.engines import DTYPE_NAMES
-from djl_handlers.engines.adapters import (
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.external.common import (
     fit_kwargs,
     import_engine_library,
     resolve_model,
@@ -41,7 +42,6 @@ from djl_handlers.engines.adapters import (
     token_logprob,
     vllm_structured_kwargs,
 )
-from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong
 
 LOG = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ class VllmEngine:
         self.max_model_len = int(model_config.max_model_len)
         self.eos_token_ids = _eos_ids(self.tokenizer)
         self._tracks: dict[int, _Track] = {}
-        self.loras: Any = None  # engines.lora_requests.EngineLoras with option.enable_lora=true
+        self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
 
     @classmethod
     def from_config(cls, config: Any) -> VllmEngine:
@@ -172,7 +172,7 @@ class VllmEngine:
             raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         adapter = cls(engine)
         if kwargs.get("enable_lora"):
-            from djl_handlers.engines.lora_requests import vllm_loras
+            from djl_handlers.lora.external import vllm_loras
 
             adapter.loras = vllm_loras(engine)
         if lmi_dist:
@@ -241,7 +241,7 @@ class VllmEngine:
                 return {"kv_cache_usage": float(value)}
         return None
 
-    # -- LoRA adapters (djl_handlers.adapters) -----------------------------------------------------
+    # -- LoRA adapters (djl_handlers.lora) -----------------------------------------------------
     def load_adapter(self, spec: Any) -> None:
         """Register a LoRA adapter: ``add_lora`` (``pin_lora``) with its own ``LoRARequest``."""
         _require_loras(self).load(spec)
@@ -307,7 +307,7 @@ def _log_lmi_dist() -> None:
 
 def _require_loras(engine: Any) -> Any:
     if engine.loras is None:
-        from djl_handlers.adapters.registry import AdapterError
+        from djl_handlers.lora.registry import AdapterError
 
         raise AdapterError("LoRA adapters are not enabled for this model; set option.enable_lora=true",
                            field="option.enable_lora")

@@ -207,7 +207,7 @@ def constrained_sample(
     terminated with this token. Log-probs and top tokens of constrained rows are those of the
     model's own distribution (the raw logits), as for unconstrained rows; a token the grammar
     rejects becomes that row's error."""
-    from djl_handlers.engines.sampling import log_normalizer, sample_batch, top_log_probs
+    from djl_handlers.engines.hf.sampling import log_normalizer, sample_batch, top_log_probs
 
     masked = masked_logits(logits, grammars)
     result = sample_batch(masked, rows, top_n)

@@ -88,7 +88,7 @@ def token_logprob(entry: Any, token_id: int) -> Optional[float]:
 
 def resolve_model(config: Any) -> str:
     """Model id or folder from the config; empty means the embedded default model."""
-    from djl_handlers.engines.hf_loader import resolve_model_id
+    from djl_handlers.engines.hf.loader import resolve_model_id
 
     return resolve_model_id(getattr(config, "model_id", None) or getattr(config, "model_dir", None) or "")
 

@@ -9,13 +9,13 @@ the concatenated weight reads the same bytes in one call. Measured side by side 
 
 How it plugs into an unchanged HF forward: every member of a group gets a :class:`FusedMember`
 ``forward``. The first member called with a tensor ``x`` runs the fused GEMM (over the weight
-concatenated and reordered once, :func:`~djl_handlers.engines.hf_cpu_linear.reorder`) and keeps
+concatenated and reordered once, :func:`~djl_handlers.engines.hf.cpu.linear.reorder`) and keeps
 the per-member column slices; a sibling then called with the same tensor object (and, for tensors
 that have one, the same in-place version, its weight unchanged) gets its slice without a GEMM. Any other call — another
 input, a member called twice, a forward pre-hook that replaced the input — computes the fused GEMM
 again, so a member's result never depends on call order. Modules, parameters, forward hooks (our
 LoRA hooks add to the slice out of place) and ``state_dict`` are unchanged; only ``forward`` is
-replaced on the instance, as in :mod:`~djl_handlers.engines.hf_cpu_linear`.
+replaced on the instance, as in :mod:`~djl_handlers.engines.hf.cpu.linear`.
 
 Exactness: a row's fused result does not depend on how many rows are in the call (a lone row is
 run twice, as for the single layers), so greedy fp32 output of the batched engine still equals
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from djl_handlers.engines import hf_cpu_linear
-from djl_handlers.engines.hf_cpu_linear import PackedLinear, reorder, run_packed
+from djl_handlers.engines.hf.cpu.linear import PackedLinear, reorder, run_packed, weight_version
+from djl_handlers.engines.hf.cpu.linear import available as onednn_available
 from djl_handlers.kernels import silu_mul as silu_kernel
 from djl_handlers.kernels.silu_mul import silu_mul
 
@@ -62,7 +62,7 @@ class ProjectionGroup:
         self._pack()
 
     def _pack(self) -> None:
-        self.versions = [hf_cpu_linear._version(m.weight) for m in self.modules]
+        self.versions = [weight_version(m.weight) for m in self.modules]
         self.packed = reorder(torch.cat([m.weight.detach() for m in self.modules]))
         biases = [m.bias for m in self.modules]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
@@ -73,7 +73,7 @@ class ProjectionGroup:
 
     def full(self, x: torch.Tensor) -> torch.Tensor:
         """The fused GEMM's whole output for ``x`` (every member's columns side by side)."""
-        if [hf_cpu_linear._version(m.weight) for m in self.modules] != self.versions:
+        if [weight_version(m.weight) for m in self.modules] != self.versions:
             self._pack()
         return run_packed(x, self.packed, self.bias)  # type: ignore[arg-type]
 
@@ -81,8 +81,8 @@ class ProjectionGroup:
         """Member ``slot``'s output for ``x``: its slice of the kept fused result when that was
         computed for this very tensor and not yet taken, else of a new fused GEMM."""
         bit = 1 << slot
-        if (self._pending & bit and x is self._x and hf_cpu_linear._version(x) == self._x_version
-                and hf_cpu_linear._version(self.modules[slot].weight) == self.versions[slot]):
+        if (self._pending & bit and x is self._x and weight_version(x) == self._x_version
+                and weight_version(self.modules[slot].weight) == self.versions[slot]):
             self._pending &= ~bit
             out = self._slices[slot]
             if not self._pending:
@@ -90,7 +90,7 @@ class ProjectionGroup:
             return out
         full = self.full(x)  # repacks first if a weight changed in place since it was packed
         self._slices = tuple(full.split(self.sizes, dim=-1))
-        self._x, self._x_version = x, hf_cpu_linear._version(x)
+        self._x, self._x_version = x, weight_version(x)
         self._pending = ((1 << len(self.modules)) - 1) & ~bit
         return self._slices[slot]
 
@@ -249,7 +249,7 @@ def fuse_projections(model: Any, check: bool = True, mlp: bool = True) -> int:
     give SiLU MLPs over a fused gate/up pair a :class:`FusedMLP` forward; returns how many groups.
     With ``check``, the model runs once before and after; a failing or different forward undoes
     the fusion (logged) and returns 0."""
-    if not hf_cpu_linear.available():
+    if not onednn_available():
         return 0
     groups = _groups(model)
     if not groups:

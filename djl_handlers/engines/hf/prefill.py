@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from djl_handlers.engines.sampling import prompt_log_probs
+from djl_handlers.engines.hf.sampling import prompt_log_probs
 
 LOG = logging.getLogger(__name__)
 

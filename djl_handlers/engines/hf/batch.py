@@ -1,4 +1,4 @@
-"""Batch layouts for :mod:`djl_handlers.engines.hf_engine`: the running batch's KV cache, and
+"""Batch layouts for :mod:`djl_handlers.engines.hf.engine`: the running batch's KV cache, and
 the padded batches and outputs of the static ``generate()`` path.
 
 Rows are left-padded to a common length ``T``. Per layer, keys/values live in a preallocated
@@ -24,7 +24,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from djl_handlers.engines.base import StepOutput
-from djl_handlers.engines.sampling import log_normalizer
+from djl_handlers.engines.hf.sampling import log_normalizer
 
 GROW = 128  # columns added to a full slab (amortises reallocation to one copy per GROW tokens)
 

@@ -49,14 +49,14 @@ class PackedLinear:
 
     def _pack(self) -> None:
         weight = self.module.weight
-        self.version = _version(weight)
+        self.version = weight_version(weight)
         self.packed = reorder(weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.module.weight
         if x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu":
             return torch.nn.functional.linear(x, weight, self.module.bias)
-        if _version(weight) != self.version:  # changed in place since it was packed
+        if weight_version(weight) != self.version:  # changed in place since it was packed
             self._pack()
         return run_packed(x, self.packed, self.module.bias)  # type: ignore[arg-type]
 
@@ -78,7 +78,7 @@ def reorder(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _HINT)
 
 
-def _version(weight: torch.Tensor) -> int:
+def weight_version(weight: torch.Tensor) -> int:
     """The tensor's in-place version counter (-1 for inference tensors, which have none). Asked on
     every fused projection call (decode inputs are inference tensors): no exception on that path."""
     return -1 if weight.is_inference() else int(weight._version)
@@ -104,11 +104,9 @@ def prepack_linears(model: Any) -> int:
 
 
 def unpack_linears(model: Any) -> int:
-    """Undo :func:`prepack_linears` (the class's own ``forward`` again, also for projections that
-    :func:`~djl_handlers.engines.hf_cpu_fused.fuse_projections` fused); returns how many."""
-    from djl_handlers.engines.hf_cpu_fused import unfuse_projections
-
-    unfuse_projections(model)
+    """Undo :func:`prepack_linears` (the class's own ``forward`` again); returns how many. Projections
+    that :mod:`~djl_handlers.engines.hf.cpu.fused` fused are unfused first
+    (:func:`~djl_handlers.engines.hf.cpu.patches.revert` does both)."""
     count = 0
     for module in model.modules():
         if isinstance(module.__dict__.get("forward"), PackedLinear):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from djl_handlers.adapters.registry import AdapterError, AdapterLimit
+from djl_handlers.lora.registry import AdapterError, AdapterLimit
 
 __all__ = ["LoraWeights", "load_lora_weights"]
 

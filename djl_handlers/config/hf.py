@@ -1,0 +1,93 @@
+"""The transformers (HF) engine's options, typed once with their defaults: loading (DJL's
+``hf_properties``), the continuous-batching step, and the CPU kernel patches.
+
+The loading keys are read for ``djl_handlers.huggingface`` only (DeepSpeed has its own
+``quantize``); the step and CPU keys also for ``djl_handlers.deepspeed``, which steps with the HF
+engine. The engine, its loader and its CPU patches read these typed values, never the raw options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from djl_handlers.config.reader import Reader
+from djl_handlers.errors import ConfigError
+
+__all__ = ["DEFAULT_PREFILL_TOKENS", "HuggingFaceOptions", "read_hf_options"]
+
+# Prompt tokens (padded) prefilled per step unless ``option.max_prefill_tokens`` says otherwise: vLLM's
+# CPU default for its API server. Against 512 (the default before) it admits a burst of prompts in a
+# quarter of the steps, so fewer decode forwards run beside the prefill and the later decode steps run
+# at full batch: 1.31x tok/s (median of 4 alternated rounds, bf16) on the benchmark workload
+# (docs/benchmarks.md section 12). A smaller value lowers the inter-token-latency spike of a prefill step.
+DEFAULT_PREFILL_TOKENS = 2048
+
+QUANTIZE: tuple[str, ...] = ("bitsandbytes4", "bitsandbytes8", "gptq", "awq")
+ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+CPU_LINEAR: tuple[str, ...] = ("onednn", "torch")
+CPU_ATTENTION: tuple[str, ...] = ("auto", "ragged", "sdpa")
+CPU_FUSED: tuple[str, ...] = ("fused", "torch")  # option.cpu_norm and option.cpu_rotary
+CPU_THREADS: tuple[str, ...] = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True)
+class HuggingFaceOptions:
+    """The HF engine's options (see the module docstring for which engine reads which)."""
+
+    # loading: transformers/accelerate (``hf_properties.py`` in DJL)
+    low_cpu_mem_usage: bool = False
+    device_map: str | None = None
+    attn_implementation: str | None = None
+    task: str | None = None
+    quantize: str | None = None
+    # the step
+    max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # padded prompt tokens prefilled per step
+    torch_threads: int | None = None  # torch's intra-op threads (None: OMP_NUM_THREADS or torch's default)
+    cpu_threads: str = "adaptive"  # fewer torch threads while other processes hold the cores; or "fixed"
+    # CPU kernel patches (engines/hf/cpu/), each applied only to a model on the CPU
+    cpu_linear: str = "onednn"  # prepacked oneDNN linear layers; "torch": torch's own
+    cpu_fuse_projections: bool = True  # with cpu_linear=onednn: q/k/v and gate/up as one GEMM each
+    cpu_attention: str = "auto"  # ragged decode attention when its kernel builds; "ragged": or fail; "sdpa"
+    cpu_norm: str = "fused"  # one-pass RMSNorm kernel (bitwise torch's); "torch"
+    cpu_rotary: str = "fused"  # rotary embedding in one C call (bitwise torch's); "torch"
+
+
+def _check_step(r: Reader) -> None:
+    """``option.hf_step``: ``padded`` is the only step; the ``packed`` step was removed."""
+    found = r.get("hf_step")
+    if found is None or found[1].lower() == "padded":
+        return
+    label, value = found
+    if value.lower() == "packed":
+        raise ConfigError(f"{label}={value!r} was removed: the packed step measured slower than the padded one "
+                          "on CPU and GPU (docs/engines.md); drop the key or set padded", field=label)
+    raise r.fail(label, value, "padded")
+
+
+def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
+    """The HF engine's options from ``r``; the loading keys only with ``loading`` (else their defaults)."""
+    _check_step(r)
+    defaults = HuggingFaceOptions()
+    step = {
+        "max_prefill_tokens": r.integer("max_prefill_tokens", defaults.max_prefill_tokens, 1)
+        or defaults.max_prefill_tokens,
+        "torch_threads": r.integer("torch_threads", None, 1),
+        "cpu_threads": r.choice("cpu_threads", defaults.cpu_threads, CPU_THREADS),
+        "cpu_linear": r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
+        "cpu_fuse_projections": r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),
+        "cpu_attention": r.choice("cpu_attention", defaults.cpu_attention, CPU_ATTENTION),
+        "cpu_norm": r.choice("cpu_norm", defaults.cpu_norm, CPU_FUSED),
+        "cpu_rotary": r.choice("cpu_rotary", defaults.cpu_rotary, CPU_FUSED),
+    }
+    if not loading:
+        return HuggingFaceOptions(**step)
+    quantize = r.choice("quantize", "", ("", *QUANTIZE))
+    attn = r.choice("attn_implementation", "", ("", *ATTN_IMPLEMENTATIONS))
+    return HuggingFaceOptions(
+        low_cpu_mem_usage=r.boolean("low_cpu_mem_usage", False),
+        device_map=r.text("device_map"),
+        attn_implementation=attn or None,
+        task=r.text("task"),
+        quantize=quantize or None,
+        **step,
+    )

@@ -1,0 +1,44 @@
+"""The HF engine's per-request records: a row of the running batch, and a long prompt being prefilled in chunks."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from djl_handlers.engines.base import EngineRequest
+from djl_handlers.engines.hf.sampling import RowSampling
+
+if TYPE_CHECKING:
+    from djl_handlers.engines.hf.grammar import RowGrammar
+
+__all__ = ["Partial", "Row"]
+
+
+@dataclass
+class Row:
+    """One request in the running batch (or being prefilled)."""
+
+    request: EngineRequest
+    sampling: RowSampling
+    done: bool = False  # released or failed: dropped at the next compaction
+    prompt_lp: bool = False  # decoder_input_details: report the prompt tokens' log-probs
+    top_n: int = 0  # top_n_tokens: report this many most likely tokens per step
+    lora: Any = None  # the row's LoRA adapter weights (engines/hf/lora.py), None: base model
+    compiling: Future[Any] | None = None  # structured output: the grammar being compiled
+    grammar: RowGrammar | None = None  # structured output: this row's matcher
+
+    @property
+    def ready(self) -> bool:
+        """False until the row's compiled grammar has become its matcher (the engine's ``_start_grammars``)."""
+        return self.compiling is None
+
+
+@dataclass
+class Partial:
+    """A long prompt being prefilled chunk by chunk in its own batch-1 cache."""
+
+    row: Row
+    cache: Any
+    offset: int = 0
+    prompt_lps: list[float | None] | None = None  # decoder_input_details: filled chunk by chunk
