@@ -198,7 +198,9 @@ def _batching(r: Reader, engine: str) -> dict[str, Any]:
     (``batch_size`` in DJL's ``test_model``) never changes the mode.
     """
     rolling = r.choice("rolling_batch", "disable", ROLLING_BATCH)
-    if rolling not in ROLLING_BY_ENGINE[engine]:
+    found = r.get("async_mode")
+    in_async_mode = found is not None and str(found[1]).strip().lower() == "true"  # DJL 0.35+: disable + async
+    if rolling not in ROLLING_BY_ENGINE[engine] and not (in_async_mode and rolling == "disable"):
         unset = r.get("rolling_batch") is None
         written = " is unset" if unset else f"={rolling}"
         hint = (" (DJL 0.34 rewrites auto/unset to disable for a model with a config.json unless "
