@@ -53,10 +53,10 @@ def _adapters(model: Any, root: Path) -> list[Path]:
 
 def _engine_run(model: Any, tok: Any, folders: list[Path], rows: int, mode: str, tokens: int,
                 strategy: str = "stacked") -> dict[str, Any]:
-    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.engines.base import EngineRequest
     from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.engines.hf.lora import LoraSet
+    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.params.generation import GenerationParameters
 
     engine = HFEngine(model, tok, max_batch_size=rows, max_prefill_tokens=4096)
@@ -92,8 +92,8 @@ def _forward_compare(model: Any, tok: Any, folders: list[Path], rows: int, repea
     import torch
     from peft import PeftModel
 
-    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.engines.hf.lora import LoraSet
+    from djl_handlers.lora.registry import AdapterSpec
 
     ids = tok([PROMPT] * rows, return_tensors="pt").input_ids
     names = [f"l{i % 4}" for i in range(rows)]

@@ -8,7 +8,7 @@ engine. The engine, its loader and its CPU patches read these typed values, neve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from djl_handlers.config.reader import Reader
 from djl_handlers.errors import ConfigError
@@ -68,26 +68,26 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
     """The HF engine's options from ``r``; the loading keys only with ``loading`` (else their defaults)."""
     _check_step(r)
     defaults = HuggingFaceOptions()
-    step = {
-        "max_prefill_tokens": r.integer("max_prefill_tokens", defaults.max_prefill_tokens, 1)
+    step = HuggingFaceOptions(
+        max_prefill_tokens=r.integer("max_prefill_tokens", defaults.max_prefill_tokens, 1)
         or defaults.max_prefill_tokens,
-        "torch_threads": r.integer("torch_threads", None, 1),
-        "cpu_threads": r.choice("cpu_threads", defaults.cpu_threads, CPU_THREADS),
-        "cpu_linear": r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
-        "cpu_fuse_projections": r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),
-        "cpu_attention": r.choice("cpu_attention", defaults.cpu_attention, CPU_ATTENTION),
-        "cpu_norm": r.choice("cpu_norm", defaults.cpu_norm, CPU_FUSED),
-        "cpu_rotary": r.choice("cpu_rotary", defaults.cpu_rotary, CPU_FUSED),
-    }
+        torch_threads=r.integer("torch_threads", None, 1),
+        cpu_threads=r.choice("cpu_threads", defaults.cpu_threads, CPU_THREADS),
+        cpu_linear=r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
+        cpu_fuse_projections=r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),
+        cpu_attention=r.choice("cpu_attention", defaults.cpu_attention, CPU_ATTENTION),
+        cpu_norm=r.choice("cpu_norm", defaults.cpu_norm, CPU_FUSED),
+        cpu_rotary=r.choice("cpu_rotary", defaults.cpu_rotary, CPU_FUSED),
+    )
     if not loading:
-        return HuggingFaceOptions(**step)
+        return step
     quantize = r.choice("quantize", "", ("", *QUANTIZE))
     attn = r.choice("attn_implementation", "", ("", *ATTN_IMPLEMENTATIONS))
-    return HuggingFaceOptions(
+    return replace(
+        step,
         low_cpu_mem_usage=r.boolean("low_cpu_mem_usage", False),
         device_map=r.text("device_map"),
         attn_implementation=attn or None,
         task=r.text("task"),
         quantize=quantize or None,
-        **step,
     )

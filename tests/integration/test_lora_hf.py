@@ -128,10 +128,10 @@ def test_max_loras_queues_rows_until_an_adapter_slot_frees(
         tiny_model: Any, adapters: dict[str, Path], expected: dict[tuple[str, Optional[str]], str]) -> None:  # noqa: F811
     import copy
 
-    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.engines.base import EngineRequest
     from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.engines.hf.lora import LoraSet
+    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.params.generation import GenerationParameters
 
     model, tok = tiny_model
@@ -209,8 +209,8 @@ def test_stacked_and_grouped_strategies_agree_with_peft(tiny_model: Any, adapter
     import torch
     from peft import PeftModel
 
-    from djl_handlers.lora.registry import AdapterSpec
     from djl_handlers.engines.hf.lora import LoraSet
+    from djl_handlers.lora.registry import AdapterSpec
 
     model, tok = tiny_model
     ours = copy.deepcopy(model)
