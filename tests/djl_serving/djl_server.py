@@ -54,6 +54,7 @@ RELEASES = {"0.34": "0.34.0", "0.36": "0.36.0"}
 DEFAULT_LIB = LIB_DIRS[DEFAULT_VERSION]
 MAIN_CLASS = "ai.djl.serving.ModelServer"
 _WORKER_LINE = re.compile(r"PyProcess W-\S+-(?:stdout|stderr): (.*)$")
+_SETTING_LINE = re.compile(r"^ {4}(\S+): (.*)$")
 # Always on, whatever the caller's environment says: no start-up call to DJL's metadata address.
 OFFLINE_ENV = {"DJL_OFFLINE": "true", "OPT_OUT_TRACKING": "true"}
 _DROPPED_PREFIXES = ("OPTION_", "SERVING_", "ARGS_")
@@ -324,6 +325,21 @@ class DjlServer:
             elif payload.startswith("ERROR::"):
                 found.append(payload)
         return "\n".join(found[-lines:]) or "(none)"
+
+    def model_settings(self) -> dict[str, str]:
+        """The model's properties as DJL's front end logged them after its rewrites (``ModelInfo``'s
+        "Apply per model settings" block: ``option.rolling_batch``, ``option.async_mode``, ...)."""
+        if self.log_path is None or not self.log_path.exists():
+            return {}
+        lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        start = next((i for i, line in enumerate(lines) if "Apply per model settings:" in line), None)
+        settings: dict[str, str] = {}
+        for line in lines[start + 1:] if start is not None else []:
+            match = _SETTING_LINE.match(line)
+            if match is None:
+                break
+            settings[match.group(1)] = match.group(2)
+        return settings
 
     def alive(self) -> bool:
         """True while the JVM runs."""

@@ -25,6 +25,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,9 +60,10 @@ _REQUIRES = {"0.34": requires_djl, "0.36": requires_djl_036}
 DJL_VERSIONS: tuple[str, ...] = tuple(_REQUIRES)
 
 
-def version_param(version: str, *values: object, marks: tuple[pytest.MarkDecorator, ...] = ()) -> object:
-    """``pytest.param(version, *values)`` with the release's skip marker and id ``djl-<version>``."""
-    return pytest.param(version, *values, marks=(_REQUIRES[version], *marks), id=f"djl-{version}")
+def version_param(version: str, *values: object, marks: tuple[pytest.MarkDecorator, ...] = (),
+                  id: str | None = None) -> Any:  # noqa: A002 - pytest.param's own keyword
+    """``pytest.param(version, *values)`` with the release's skip marker; id ``djl-<version>`` by default."""
+    return pytest.param(version, *values, marks=(_REQUIRES[version], *marks), id=id or f"djl-{version}")
 
 
 class _Servers:

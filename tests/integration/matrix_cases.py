@@ -1,13 +1,15 @@
 """The configuration matrix of ``test_config_matrix.py`` (no tests here).
 
 :data:`CONFIGS` are the model-directory configurations users write (serving.properties lines, or
-``OPTION_*`` variables alone) for the tiny model; :data:`KINDS` are the requests each one gets.
-:func:`djl_rolling_batch` says what DJL Serving 0.34's ``LmiConfigRecommender`` turns a
-configuration's ``option.rolling_batch`` into before the handler sees it, and
-:attr:`MatrixConfig.ours` what ``djl-handlers serve`` runs today; where the two differ, the cells
-are expected to differ (``xfail(strict=False)``) until the package's configuration resolver
-mirrors DJL (they then show up as XPASS). :func:`parse_body` and :func:`lmi_shape_problem` turn a
-reply into what is compared and check it is an LMI answer or a clear error.
+``OPTION_*``/``SERVING_FEATURES`` variables) for the tiny model, each run on the DJL Serving releases
+of :data:`RELEASES` it applies to; :data:`KINDS` are the requests each one gets.
+:func:`djl_rolling_batch` says what the release's ``LmiConfigRecommender`` turns a configuration's
+``option.rolling_batch`` (and ``option.async_mode``) into before the handler sees it — DJL 0.34's
+rule set, or DJL 0.36's, where ``auto`` (or no value) with ``SERVING_FEATURES=vllm`` becomes
+``rolling_batch=disable`` + ``option.async_mode=true`` — and :func:`djl_mode` the mode that follows;
+``djl-handlers serve`` must run the same mode (its resolver is told the release with
+``DJL_HANDLERS_DJL_RULES``). :func:`parse_body` and :func:`lmi_shape_problem` turn a reply into
+what is compared and check it is an LMI answer or a clear error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any, Optional
 
 PROMPT = "Deep learning is"
 SECOND = "The capital of France is"
+RELEASES: tuple[str, ...] = ("0.34", "0.36")  # DJL Serving releases (their LmiConfigRecommender rule sets)
+RULES_ENV = "DJL_HANDLERS_DJL_RULES"  # tells our resolver which release's rules to apply
 BASE = {
     "engine": "Python",
     "option.entryPoint": "djl_handlers.huggingface",
@@ -38,9 +42,7 @@ class MatrixConfig:
     properties: Optional[Mapping[str, str]]  # None: no serving.properties at all (env only)
     env: Mapping[str, str] = field(default_factory=dict)
     model_id: bool = True  # False: the weights are in the model directory itself
-    ours: str = "rolling"  # what djl-handlers serve runs (config.resolve, asserted): rolling | dynamic | fails
-    loads: bool = True  # False: needs vLLM; both servers must refuse to start, clearly
-    note: str = ""  # what else goes wrong on our server today (added to the xfail reason)
+    releases: tuple[str, ...] = RELEASES  # the DJL releases this configuration is run on
 
     def option(self, key: str) -> Optional[str]:
         """``option.<key>`` from the properties, else ``OPTION_<KEY>`` from the environment."""
@@ -57,18 +59,16 @@ def _props(**options: str) -> dict[str, str]:
 
 
 CONFIGS: tuple[MatrixConfig, ...] = (
-    MatrixConfig("no-rolling-batch", _props(), ours="dynamic"),
-    MatrixConfig("auto", _props(rolling_batch="auto", max_rolling_batch_size="4"), ours="dynamic"),
-    MatrixConfig("auto-no-model-id", _props(rolling_batch="auto"), model_id=False, ours="dynamic"),
+    MatrixConfig("no-rolling-batch", _props()),
+    MatrixConfig("auto", _props(rolling_batch="auto", max_rolling_batch_size="4")),
+    MatrixConfig("auto-no-model-id", _props(rolling_batch="auto"), model_id=False),
     MatrixConfig(
         "scheduler-batch1",
         _props(rolling_batch="scheduler", max_rolling_batch_size="4", batch_size="1", max_batch_delay="100"),
     ),
-    MatrixConfig("disable-batch2", _props(rolling_batch="disable", batch_size="2", max_batch_delay="100"),
-                 ours="dynamic"),
-    MatrixConfig("scheduler-batch2", _props(rolling_batch="scheduler", batch_size="2", max_batch_delay="100"),
-                 ours="dynamic"),
-    MatrixConfig("enable-streaming", _props(rolling_batch="disable", enable_streaming="true"), ours="dynamic"),
+    MatrixConfig("disable-batch2", _props(rolling_batch="disable", batch_size="2", max_batch_delay="100")),
+    MatrixConfig("scheduler-batch2", _props(rolling_batch="scheduler", batch_size="2", max_batch_delay="100")),
+    MatrixConfig("enable-streaming", _props(rolling_batch="disable", enable_streaming="true")),
     MatrixConfig("jsonlines", _props(rolling_batch="scheduler", output_formatter="jsonlines")),
     MatrixConfig("tgi-compat", _props(rolling_batch="scheduler", tgi_compat="true")),
     MatrixConfig(
@@ -77,49 +77,61 @@ CONFIGS: tuple[MatrixConfig, ...] = (
         env={"OPTION_ENGINE": "Python", "OPTION_ENTRYPOINT": "djl_handlers.huggingface",
              "OPTION_ROLLING_BATCH": "scheduler", "OPTION_DTYPE": "fp32"},
     ),
-    MatrixConfig("vllm", _props(rolling_batch="vllm"), ours="fails", loads=False),
-    MatrixConfig("lmi-dist", _props(rolling_batch="lmi-dist"), ours="fails", loads=False),
+    # DJL's async mode, chosen by the user: each request is handed to the handler alone and awaited
+    MatrixConfig("async-mode", _props(async_mode="true", max_rolling_batch_size="4")),
+    # the vllm feature without a rolling_batch: vllm (not installed here) on 0.34, async mode on 0.36
+    MatrixConfig("vllm-feature", _props(), env={"SERVING_FEATURES": "vllm"}),
+    MatrixConfig("vllm", _props(rolling_batch="vllm")),
+    MatrixConfig("lmi-dist", _props(rolling_batch="lmi-dist")),
 )
 
 
-def djl_rolling_batch(config: MatrixConfig) -> str:
-    """``option.rolling_batch`` after DJL 0.34's LmiConfigRecommender (no SERVING_FEATURES, HF config readable).
+def djl_rolling_batch(config: MatrixConfig, release: str) -> tuple[str, bool]:
+    """``(option.rolling_batch, async mode)`` after the release's LmiConfigRecommender (HF config readable).
 
     Every configuration here has a readable ``config.json`` (``option.model_id`` folder or the model
     directory) of a text-generation model, so the recommender runs: ``batch_size > 1`` → ``disable``;
-    unset or ``auto`` → ``disable``; ``lmi-dist`` → ``vllm``; anything else is kept.
+    ``lmi-dist`` → ``vllm``; any other value than ``auto`` is kept; unset or ``auto`` → ``vllm`` when
+    ``SERVING_FEATURES`` names vllm on 0.34, ``disable`` plus ``option.async_mode=true`` on 0.36, else
+    ``disable``. ``option.async_mode=true`` written by the user stays.
     """
     props = config.properties or {}
+    asked_async = (config.option("async_mode") or "").lower() == "true"
     if int(props.get("batch_size", "1")) > 1:
-        return "disable"
+        return "disable", asked_async
     value = config.option("rolling_batch") or "auto"
-    return {"auto": "disable", "lmi-dist": "vllm"}.get(value, value)
+    if value == "lmi-dist":
+        return "vllm", asked_async
+    if value != "auto":
+        return value, asked_async
+    if "vllm" in config.env.get("SERVING_FEATURES", ""):
+        return ("vllm", asked_async) if release == "0.34" else ("disable", True)
+    return "disable", asked_async
 
 
-def djl_mode(config: MatrixConfig) -> str:
-    """``rolling``, ``dynamic`` or ``fails`` (vLLM is not installed here) on DJL."""
-    value = djl_rolling_batch(config)
-    return {"disable": "dynamic", "vllm": "fails"}.get(value, "rolling")
+def djl_mode(config: MatrixConfig, release: str) -> str:
+    """``async``, ``rolling``, ``dynamic`` or ``fails`` (vLLM is not installed here) on that DJL release."""
+    value, is_async = djl_rolling_batch(config, release)
+    if value == "vllm":
+        return "fails"
+    if is_async:
+        return "async"
+    return "dynamic" if value == "disable" else "rolling"
 
 
-def pending_reason(config: MatrixConfig) -> Optional[str]:
-    """Why this configuration's cells differ today (None when both servers should agree)."""
-    if djl_mode(config) == config.ours:
-        return None
-    value = config.option("rolling_batch") or "(unset)"
-    batch = (config.properties or {}).get("batch_size")
-    return (
-        f"needs the config resolver: rolling_batch={value}{', batch_size=' + batch if batch else ''}"
-        f" is `{djl_rolling_batch(config)}` ({djl_mode(config)} batch) on DJL's LmiConfigRecommender, "
-        f"{config.ours} batch on djl-handlers serve{config.note}"
-    )
+def cases(*, loads: bool) -> list[tuple[str, MatrixConfig]]:
+    """``(release, configuration)`` pairs, release-major, that load (or, ``loads=False``, need vLLM)."""
+    return [(release, config) for release in RELEASES for config in CONFIGS
+            if release in config.releases and (djl_mode(config, release) != "fails") == loads]
 
 
-def write_model_dir(config: MatrixConfig, model: Path, root: Path) -> tuple[Path, dict[str, str]]:
-    """The configuration's model directory under ``root`` and the environment both servers get."""
-    target = root / config.id
+def write_model_dir(config: MatrixConfig, model: Path, root: Path,
+                    release: str = RELEASES[0]) -> tuple[Path, dict[str, str]]:
+    """The configuration's model directory under ``root`` and the environment both servers get
+    (``DJL_HANDLERS_DJL_RULES`` names the DJL release, for our resolver)."""
+    target = root / release / config.id
     target.mkdir(parents=True)
-    env = dict(config.env)
+    env = {**config.env, RULES_ENV: release}
     if config.properties is None:
         env["OPTION_MODEL_ID"] = str(model)
         return target, env
