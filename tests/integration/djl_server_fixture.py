@@ -37,8 +37,8 @@ if str(DJL_SERVING) not in sys.path:  # djl_server.py is a test tool, not part o
 
 from djl_server import DEFAULT_VERSION, DjlServer, DjlServerError, find_lib, free_port  # noqa: E402
 
-__all__ = ["DJL_VERSIONS", "DjlServer", "DjlServerError", "free_port", "djl_skip_reason", "requires_djl",
-           "requires_djl_036", "djl_server_fixture", "version_param"]
+__all__ = ["DEFAULT_VERSION", "DJL_VERSIONS", "DjlServer", "DjlServerError", "free_port", "djl_skip_reason",
+           "requires_djl", "requires_djl_036", "djl_server_fixture", "version_param"]
 
 DjlServerFactory = Callable[..., DjlServer]
 

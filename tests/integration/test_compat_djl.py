@@ -46,7 +46,7 @@ from compat_cases import (
     run_case,
 )
 from conftest_models import embedded_dir, tiny_dir, tiny_model  # noqa: F401
-from djl_server_fixture import DjlServer, DjlServerError, djl_skip_reason, free_port
+from djl_server_fixture import DEFAULT_VERSION, DjlServer, DjlServerError, djl_skip_reason, free_port
 
 from djl_handlers.io import Input, Output, wire
 from djl_handlers.testing.sockets import received_input as _read
@@ -116,6 +116,7 @@ class OurServer:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         for key in ("HF_MODEL_ID", "OPTION_MODEL_ID"):
             env.pop(key, None)
+        env["DJL_HANDLERS_DJL_RULES"] = DEFAULT_VERSION  # the rules of the DJL release it is compared with
         begin = time.monotonic()
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
