@@ -84,13 +84,21 @@ def _pep517(source: Path, out: Path) -> None:
     _run([sys.executable, "-c", hook, "build_wheel", str(out)], cwd=root)
 
 
+def _has_build_frontend() -> bool:
+    """``build`` is installed (a leftover in-tree ``build/`` folder on ``sys.path`` is not it)."""
+    try:
+        return importlib.util.find_spec("build.__main__") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
     base = tmp_path_factory.mktemp("packaging")
     source = _copy_tree(base / "src")
     out = base / "dist"
     out.mkdir()
-    if importlib.util.find_spec("build") is not None:
+    if _has_build_frontend():
         _run([sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", str(out), "."],
              cwd=source)
     else:
@@ -319,12 +327,10 @@ def kernel_cache(venv: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         pytest.skip("no C compiler (set CC or install gcc): the kernels cannot be built here")
     base = tmp_path_factory.mktemp("kernels")
     log, wrapper = base / "cc.log", base / "cc"
-    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{shutil.which(real)}" "$@"\n',
-                       encoding="utf-8")
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{log}"\nexec "{shutil.which(real)}" "$@"\n')
     wrapper.chmod(0o755)
     env = {"CC": str(wrapper), "DJL_HANDLERS_KERNEL_DIR": str(base / "cache")}
-    package = venv.site / PACKAGE
-    before = _package_files(venv)
+    package, before = venv.site / PACKAGE, _package_files(venv)
     _set_writable(package, False)
     try:
         result = _in_venv(venv, str(venv.python), "-m", "djl_handlers.kernels.prebuild", check=False, env=env)
@@ -348,10 +354,8 @@ def test_prebuild_compiles_every_kernel_from_the_installed_sources(venv: Venv, k
     assert _package_files(venv) == kernel_cache.package_before, "the build wrote into site-packages"
 
 
-# Runs one request through `djl-handlers generate` in process, then reports every kernel the engine
-# tried: the library it loaded (or why not) and where the module and its C source came from.
-_PROBE = """
-import importlib, json, sys
+# One request through `djl-handlers generate` in process, then every kernel the engine tried
+_PROBE = """import importlib, json, sys
 from djl_handlers import cli
 from djl_handlers.kernels import build
 rc = cli.main(["generate", sys.argv[1], sys.argv[2]])
@@ -364,16 +368,15 @@ json.dump({"rc": rc, "kernels": kernels}, open(sys.argv[3], "w"))
 
 def test_installed_hf_engine_loads_every_kernel_without_compiling(venv: Venv, kernel_cache: KernelCache,
                                                                   tmp_path: Path, tiny_dir: Path) -> None:  # noqa: F811
-    """The HF engine's default configuration (no ``cpu_*`` option) in the venv uses every kernel of
-    the checkout, each built from the installed copy's source and loaded from the prebuilt cache."""
+    """The HF engine's default configuration uses every kernel, each from the installed source and the cache."""
     model = _tiny_model(tmp_path / "tiny-defaults", tiny_dir)
     calls_before = len(kernel_cache.cc_calls())
     body = json.dumps({"inputs": "Deep learning is", "parameters": {"max_new_tokens": 4}})
     out = tmp_path / "kernels.json"
     _in_venv(venv, str(venv.python), "-c", _PROBE, str(model), body, str(out), env=kernel_cache.env)
     report = json.loads(out.read_text(encoding="utf-8"))
-    assert report["rc"] == 0
     kernels = report["kernels"]
+    assert report["rc"] == 0
     assert sorted(kernels) == KERNELS, "the default configuration should use every kernel in djl_handlers/kernels"
     for name, kernel in kernels.items():
         assert kernel["error"] is None and kernel["library"], f"{name}: {kernel['error']}"
@@ -383,6 +386,17 @@ def test_installed_hf_engine_loads_every_kernel_without_compiling(venv: Venv, ke
     calls = kernel_cache.cc_calls()[calls_before:]
     assert not [c for c in calls if " -c " in c], "compiled at the first request despite the prebuilt cache"
     assert _package_files(venv) == kernel_cache.package_before, "the engine wrote into site-packages"
+
+
+def test_served_benchmark_takes_the_installed_wheel(venv: Venv) -> None:
+    """``python -m benchmarks served --python`` accepts the venv's wheel and refuses the checkout's copy."""
+    import djl_handlers
+    from benchmarks.served_engines import installed_package
+
+    assert installed_package(str(venv.python)) == (venv.site / PACKAGE).resolve()
+    if Path(djl_handlers.__file__).resolve().is_relative_to(REPO):  # this interpreter imports the checkout
+        with pytest.raises(SystemExit, match="imports djl_handlers from the checkout"):
+            installed_package(sys.executable)
 
 
 def test_build_script_builds_the_wheel(artifacts: Artifacts, tmp_path: Path) -> None:
