@@ -97,7 +97,8 @@ def _served(args: argparse.Namespace) -> None:
     started = context()
     repeat = args.repeat or (1 if args.quick else 3)
     report = served_engines.run_benchmark(args.quick, tuple(args.dtype.split(",")), repeat,
-                                          reference=not args.no_reference, variants=tuple(args.variant or ()))
+                                          reference=not args.no_reference, variants=tuple(args.variant or ()),
+                                          python=args.python)
     for dtype, block in report["dtypes"].items():
         print_table(block["rows"], ["engine", "tok_s", "tok_s_runs", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms",
                                     "itl_p99_ms", "errors", "identical_to_generate", "cpu_s", "tok_per_server_cpu_s",
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="served: skip the sequential generate() check")
     parser.add_argument("--variant", action="append", metavar="NAME:key=value;...",
                         help="served: one more HF server with these serving.properties options")
+    parser.add_argument("--python", metavar="VENV/bin/python",
+                        help="served: run the HF servers on this interpreter's installed djl_handlers wheel")
     args: Any = parser.parse_args(argv)
     setup_torch()
     for name in COMMANDS if args.command == "all" else [args.command]:

@@ -19,8 +19,12 @@ request's send to its first token line), inter-token latency, and each request's
 fp32 token ids are compared with each request alone through transformers' ``generate()`` on the
 stock model (``--no-reference`` skips that, ~3 minutes). ``--variant NAME:key=value;key=value``
 adds the HF engine with other ``serving.properties`` options as one more server in the rounds.
+``--python PATH`` starts the HF servers with that interpreter instead (a venv with the built wheel
+installed: what users run), from outside the checkout and without ``PYTHONPATH``; it must import
+djl_handlers from outside the checkout.
 
     python -m benchmarks served [--dtype fp32,bf16] [--repeat 3] [--quick] [--no-reference] [--variant ...]
+                                [--python VENV/bin/python]
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +58,7 @@ class Contender:
     name: str
     engine: str
     options: tuple[tuple[str, str], ...] = ()
+    python: str | None = None  # the HF server's interpreter (an installed wheel); None: this one
 
 
 def parse_variant(text: str) -> Contender:
@@ -87,8 +93,28 @@ def variant_env(options: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return {key[len(ENV_PREFIX):]: value for key, value in options if key.startswith(ENV_PREFIX)}
 
 
-def _python_for(engine: str) -> str:
-    return str(VLLM_VENV / "bin" / "python") if engine == "vllm" else sys.executable
+def _python_for(engine: str, python: str | None = None) -> str:
+    return str(VLLM_VENV / "bin" / "python") if engine == "vllm" else python or sys.executable
+
+
+def _installed_env() -> dict[str, str]:
+    """The environment of a server on an installed wheel: nothing that points into the checkout."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+
+
+def installed_package(python: str) -> Path:
+    """The djl_handlers folder ``python`` imports, started as its server will be (outside the
+    checkout, no ``PYTHONPATH``); refuses an interpreter that imports the checkout's copy."""
+    where = tempfile.gettempdir()
+    done = subprocess.run([python, "-c", "import djl_handlers; print(djl_handlers.__file__)"], cwd=where,
+                          env=_installed_env(), capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise SystemExit(f"--python {python}: cannot import djl_handlers: {done.stderr.strip()[-500:]}")
+    package = Path(done.stdout.strip().splitlines()[-1]).resolve().parent
+    if package.is_relative_to(ROOT):
+        raise SystemExit(f"--python {python} imports djl_handlers from the checkout ({package}), not an installed "
+                         "wheel: install dist/djl_handlers-*.whl into a venv outside it")
+    return package
 
 
 def _stat(pid: int) -> list[str]:
@@ -143,18 +169,21 @@ def major_faults(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def serve(engine: str, model_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+def serve(engine: str, model_dir: Path, extra_env: dict[str, str] | None = None,
+          python: str | None = None) -> Iterator[tuple[str, int]]:
     """``djl-handlers serve model_dir`` with the engine's interpreter on 127.0.0.1 (``extra_env`` added
-    to its environment); yields the URL and the server's pid."""
+    to its environment); ``python``: an installed wheel's interpreter, started in ``model_dir`` with
+    no path into the checkout. Yields the URL and the server's pid."""
     from benchmarks.server import _wait_ping, free_port
 
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
-           **(extra_env or {})}
+    base = _installed_env() if python else {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**base, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2", **(extra_env or {})}
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
     log = tempfile.NamedTemporaryFile(prefix=f"served-{engine}-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen([_python_for(engine), "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, cwd=str(ROOT), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([_python_for(engine, python), "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, cwd=str(model_dir if python else ROOT), stdout=log,
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_ping(url, proc, timeout=600)
@@ -262,7 +291,7 @@ def run_rounds(contenders: list[Contender], dtype: str, model_dir: str, jobs: li
         servers = {}
         for c in contenders:
             folder = write_model_dir(root, c.engine, dtype, model_dir, c.name, c.options)
-            servers[c.name] = stack.enter_context(serve(c.engine, folder, variant_env(c.options)))
+            servers[c.name] = stack.enter_context(serve(c.engine, folder, variant_env(c.options), c.python))
         for url, _pid in servers.values():
             asyncio.run(_workload(url, WARM_JOBS))
             asyncio.run(_workload(url, tagged(jobs, "warm-up")))  # every shape once: kernels built, caches grown
@@ -295,7 +324,7 @@ def sequential_reference(model_dir: str, jobs: list[Job]) -> list[list[int]]:
 
 
 def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repeat: int = 3,
-                  reference: bool = True, variants: tuple[str, ...] = ()) -> dict[str, Any]:
+                  reference: bool = True, variants: tuple[str, ...] = (), python: str | None = None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from djl_handlers.model.embedded import embedded_model_dir
@@ -306,9 +335,13 @@ def run_benchmark(quick: bool, dtypes: tuple[str, ...] = ("fp32", "bf16"), repea
     if (VLLM_VENV / "bin" / "python").exists():
         contenders.append(Contender("vllm", "vllm"))
     contenders += [parse_variant(v) for v in variants]
+    if python:  # absolute, symlinks kept (a venv's python is a link to the base interpreter)
+        python = str(Path(shutil.which(python) or python).absolute())
+        contenders = [replace(c, python=python) if c.engine == "huggingface" else c for c in contenders]
     report: dict[str, Any] = {"n": len(jobs), "prompt_tokens": sum(j.prompt_tokens for j in jobs),
                               "engines": [c.name for c in contenders], "repeat": repeat, "dtypes": {},
-                              "variants": {c.name: dict(c.options) for c in contenders if c.options}}
+                              "variants": {c.name: dict(c.options) for c in contenders if c.options},
+                              "hf_package": str(installed_package(python)) if python else "checkout"}
     if not any(c.engine == "vllm" for c in contenders):
         report["vllm"] = f"skipped: {VLLM_VENV} does not exist (scripts/setup_vllm_cpu.sh creates it)"
     ref = sequential_reference(model_dir, tagged(jobs, "round 1")) if reference and "fp32" in dtypes else None
