@@ -33,7 +33,7 @@ FRAMES = {
     "  compaction (_compact)": "_compact (djl_handlers/engines/hf/engine.py",
     "  merge of new rows": "_merge (djl_handlers/engines/hf/engine.py",
     "  grow_mask": "grow_mask (djl_handlers/engines/hf/batch.py",
-    "parse": "parse_request (djl_handlers/request/parser.py",
+    "parse": "parse_request (djl_handlers/dialects/dispatch.py",
     "tokenize prompt": "tokenize_prompt (djl_handlers/scheduling/slot.py",
     "detokenize": "push (djl_handlers/scheduling/detokenizer.py",
     "format": "__call__ (djl_handlers/formatting/lmi.py",

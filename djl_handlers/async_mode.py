@@ -89,7 +89,7 @@ class AsyncMode:
             request = self._service.parse_one(inputs)
         except DjlHandlersError as exc:
             LOG.info("RequestId=[%s] rejected: %s", inputs.get_property(REQUEST_ID_PROPERTY) or "-", exc)
-            from djl_handlers.formatting.registry import error_formatter
+            from djl_handlers.dialects.registry import error_formatter
 
             slot = error_slot(exc, formatter=error_formatter(inputs.get_property(API_PROPERTY)))
             return record_output(inputs, slot.record(), slot.content_type)

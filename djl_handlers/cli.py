@@ -139,12 +139,16 @@ def _handler_module(settings: Any) -> tuple[str, str | None]:
 
 
 def _preflight(settings: Any, warn: Callable[[str], Any], handler_module: str) -> dict[str, Any]:
-    """Run the init-time checks (``config.preflight``) for ``handler_module``; every unread key goes
-    to ``warn``. Returns ``check``'s additions to the report."""
+    """Run the init-time checks (``config.preflight``, and that ``option.output_formatter`` names a
+    registered formatter) for ``handler_module``; every unread key goes to ``warn``. Returns
+    ``check``'s additions to the report."""
     from djl_handlers.config.preflight import preflight
+    from djl_handlers.dialects.registry import resolve_name
 
     with _in_model_dir(settings.model_dir):
         result = preflight(handler_module, settings.model_dir, settings.options, settings.server)
+    if result.output_formatter:
+        resolve_name(result.output_formatter, stream=False, config=True)  # the service checks it at init too
     for warning in result.warnings:
         warn(warning)
     return {"warnings": result.warnings, "servingConfig": result.serving_config}

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.async_mode import AsyncMode, record_output
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
+from djl_handlers.dialects.dispatch import parse_request
+from djl_handlers.dialects.registry import error_formatter
 from djl_handlers.lora.management import AdapterManager, lora_disabled_output
 from djl_handlers.engines.base import Engine
 from djl_handlers.errors import DjlHandlersError, error_body
@@ -26,10 +28,9 @@ from djl_handlers.extensions import (
     ENGINE_STATS_PROPERTY,
     REQUEST_ID_PROPERTY,
 )
-from djl_handlers.formatting.registry import error_formatter
 from djl_handlers.heap import in_djl_worker, settle
 from djl_handlers.io.compat import new_output
-from djl_handlers.request.parser import ParserSettings, parse_request
+from djl_handlers.request.parser import ParserSettings
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.dynamic import FormattedBody, run_dynamic_batch, stream_dynamic_request
 from djl_handlers.scheduling.rolling import RollingBatch
@@ -81,7 +82,7 @@ class InferenceService:
         config = ServingConfig.from_properties(props, engine=self.engine_name)
         factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
-            from djl_handlers.formatting.registry import resolve_name
+            from djl_handlers.dialects.registry import resolve_name
 
             resolve_name(config.output_formatter, stream=False, config=True)  # a typo fails init, not requests
         engine = self.engine = factory(config)
@@ -134,7 +135,7 @@ class InferenceService:
 
     # -- rolling batch -----------------------------------------------------------------------
     def _formatter_for(self, request: Request) -> Formatter:
-        from djl_handlers.formatting import get_formatter
+        from djl_handlers.dialects.registry import get_formatter
 
         return get_formatter(request.output_formatter, stream=request.stream, tgi_compat=self.settings.tgi_compat)
 
@@ -256,7 +257,7 @@ class InferenceService:
         named ``output_formatter`` other than the LMI ones get their dialect's whole answer;
         LMI requests keep the dynamic-batch list.
         """
-        from djl_handlers.formatting.registry import resolve_name
+        from djl_handlers.dialects.registry import resolve_name
 
         spec = request.output_formatter
         if not isinstance(spec, str) or not spec:

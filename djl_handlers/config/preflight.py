@@ -6,12 +6,14 @@
 * ``engine`` names an engine our handlers run under (``known_keys.check_engine_value``);
 * for one of our entry points: ``ServingConfig`` builds for the handler's engine, with
   ``option.embedded_model`` resolved to the embedded model's folder as the service does;
-* ``option.output_formatter`` is a registered formatter name (the service checks the same at init);
 * a local ``option.model_id`` (starting with ``/``, ``.`` or ``~``) exists; the embedded model's wheel
   is installed when it is used;
 * warnings for every key that nothing reads (``known_keys.key_warnings``).
 
-Nothing here imports an ML library or converts the embedded model.
+Nothing here imports an ML library or converts the embedded model. That ``option.output_formatter``
+names a registered formatter is checked by the caller (``cli``), with the formatter registry
+(``dialects.registry``), which a config module does not import; ``Preflight.output_formatter`` is the
+name to check.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Preflight:
 
     serving_config: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    output_formatter: str | None = None  # the configured formatter name, for the caller to check
 
 
 def init_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -76,13 +79,6 @@ def _check_model_id(model_id: str | None, model_dir: str) -> None:
         raise ConfigError(f"option.model_id={model_id!r}: no such folder", field="option.model_id")
 
 
-def _check_formatter(value: str | None) -> None:
-    if value:
-        from djl_handlers.formatting.registry import resolve_name
-
-        resolve_name(value, stream=False, config=True)
-
-
 def preflight(entry_point: str, model_dir: str, options: Mapping[str, str],
               server: Mapping[str, str]) -> Preflight:
     """Run the init-time checks for ``entry_point``; ``ConfigError`` on the first problem."""
@@ -95,7 +91,7 @@ def preflight(entry_point: str, model_dir: str, options: Mapping[str, str],
         return result
     props = init_options(options)
     config = ServingConfig.from_properties(props, server, engine)
-    _check_formatter(config.output_formatter)
+    result.output_formatter = config.output_formatter or None
     _check_model_id(str(options.get("model_id") or "").strip(), model_dir)  # not the embedded folder: serve converts it
     result.serving_config = dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
     return result

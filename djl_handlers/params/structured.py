@@ -15,7 +15,7 @@ field                    kind                     value
 ======================== ======================== =========================================
 
 OpenAI's ``response_format`` and forced tool calls are turned into ``guided_json`` /
-``guided_json_object`` by :mod:`djl_handlers.request.openai`. Checks here are structural (types,
+``guided_json_object`` by :mod:`djl_handlers.dialects.openai.request`. Checks here are structural (types,
 JSON well-formedness, the JSON Schema ``type`` keywords); each engine compiles the constraint when
 the request is added and answers 400 with the compiler's own message when it cannot. Nothing here
 imports an ML library.

@@ -1,4 +1,4 @@
-"""Parse one DJL ``Input`` item (one client request) into a ``Request``.
+"""The LMI request: one DJL ``Input`` item's body, and an LMI-schema body turned into a ``Request``.
 
 The parser knows no engine and imports no ML library. Every problem raises an
 ``InvalidRequest`` subclass whose message names the field; the caller turns it into that
@@ -6,7 +6,9 @@ request's own error record, so a malformed request never harms its batch neighbo
 
 Accepted bodies: ``application/json`` (or no Content-Type) with ``inputs`` (string; a list of
 strings in dynamic-batch mode), optional ``parameters`` object and ``stream`` boolean; and
-``text/plain``, whose whole body is the prompt.
+``text/plain``, whose whole body is the prompt. The other API dialects (TGI, OpenAI, Bedrock) turn
+their bodies into this schema (``djl_handlers.dialects``; ``dialects.dispatch.parse_request`` picks
+the dialect of an item).
 """
 
 from __future__ import annotations
@@ -17,21 +19,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
-from djl_handlers.lora.selection import AdapterNames, openai_adapter, select_adapters
-from djl_handlers.errors import InvalidParameter, InvalidRequest, UnprocessableParameter, UnsupportedMediaType
-from djl_handlers.extensions import API_PROPERTY
+from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
+from djl_handlers.lora.selection import AdapterNames, select_adapters
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.params.translate import is_sampling
-from djl_handlers.request.bedrock import bedrock_to_lmi
-from djl_handlers.request.openai import ChatTemplate, OpenAIRequest, chat_to_lmi, check_text, completion_to_lmi
 from djl_handlers.request.records import FormatterFunction, Request
 
 TOP_LEVEL_KEYS = ("inputs", "parameters", "stream", "adapters")
-TGI_NULL_ONLY: tuple[str, ...] = ()  # TGI's grammar is structured output (params/structured.py)
 META_PARAMETERS = ("stream", "output_formatter")
 
 # A custom input formatter from model.py: (input item, settings) -> a JSON-like request body.
 InputFormatter = Callable[..., Mapping[str, Any]]
+# The model's chat template: ``template(messages, tools=None) -> prompt``; a ``reads_tools``
+# attribute set to True says the template renders ``tools`` itself (otherwise the OpenAI dialect
+# describes them in a system message).
+ChatTemplate = Callable[..., str]
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ def _body_bytes(item: Any) -> bytes:
     return bytes(value) if value is not None else b""
 
 
-def parse_request(item: Any, settings: ParserSettings) -> Request:
-    """Parse one Input item; raises ``InvalidRequest`` (with ``field``) on any problem."""
+def read_body(item: Any, settings: ParserSettings) -> dict[str, Any]:
+    """The item's body as a JSON object: the custom input formatter's result, else the decoded body."""
     if settings.input_formatter is not None:
         body: Any = settings.input_formatter(item, settings=settings)
     else:
@@ -99,17 +101,11 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
         raise InvalidRequest(
             f"request body must be a JSON object with 'inputs', got {type(body).__name__}", field="body"
         )
-    api = (item.get_property(API_PROPERTY) or "").strip().lower()
-    if api == "chat" or (not api and "messages" in body and "inputs" not in body):
-        body, picked = _openai_adapters(body, item, settings)
-        return _openai_request(item, chat_to_lmi(body, settings.chat_template), settings, picked)
-    if api == "completion" or (not api and not settings.bedrock_compat and "prompt" in body and "inputs" not in body):
-        body, picked = _openai_adapters(body, item, settings)
-        return _openai_request(item, completion_to_lmi(body), settings, picked)
-    if api in ("tgi", "tgi_stream"):
-        body = _tgi_body(body, stream=api == "tgi_stream")
-    elif settings.bedrock_compat and "prompt" in body and "inputs" not in body:
-        body = bedrock_to_lmi(body, item.get_property("X-Amzn-SageMaker-Forwarded-Api"))
+    return body
+
+
+def lmi_request(item: Any, body: dict[str, Any], settings: ParserSettings) -> Request:
+    """An LMI-schema body (``inputs``, ``parameters``, ``stream``, ``adapters``) as a ``Request``."""
     unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise InvalidRequest(
@@ -122,11 +118,11 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
     if not isinstance(params, dict):
         raise InvalidParameter(f"parameters must be a JSON object, got {type(params).__name__}", field="parameters")
     params = dict(params)
-    stream = _check_bool(body.get("stream", params.pop("stream", False)), "stream")
+    stream = check_bool(body.get("stream", params.pop("stream", False)), "stream")
     formatter = params.pop("output_formatter", None) or settings.default_output_formatter
     if formatter is not None and not isinstance(formatter, str) and not callable(formatter):
         raise InvalidParameter("parameters.output_formatter must be a string", field="output_formatter")
-    gen = _generation_parameters(item, params, settings)
+    gen = generation_parameters(item, params, settings)
     prompt = inputs if isinstance(inputs, str) else inputs[0]
     count = 1 if isinstance(inputs, str) else len(inputs)
     adapters = select_adapters(body.get("adapters"), item, count, settings.adapters)
@@ -142,31 +138,9 @@ def parse_request(item: Any, settings: ParserSettings) -> Request:
     )
 
 
-def _openai_adapters(
-    body: dict[str, Any], item: Any, settings: ParserSettings
-) -> tuple[dict[str, Any], tuple[Optional[str], ...]]:
-    """The body without ``adapters``, and the adapter chosen by ``adapters``, the SageMaker header
-    or ``model`` (``"base:adapter"`` or an adapter's name)."""
-    rest = {k: v for k, v in body.items() if k != "adapters"}
-    picked = select_adapters(body.get("adapters"), item, 1, settings.adapters)
-    if not picked:
-        by_model = openai_adapter(body.get("model"), settings.adapters)
-        picked = (by_model,) if by_model else ()
-    return rest, picked
-
-
-def _openai_request(item: Any, req: OpenAIRequest, settings: ParserSettings,
-                    adapters: tuple[Optional[str], ...] = ()) -> Request:
-    gen = _generation_parameters(item, req.parameters, settings)
-    extra = dict(req.extra)
-    if adapters and adapters[0]:
-        extra["model"] = adapters[0]  # the response names the adapter that answered
-    return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
-                   inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
-                   properties=dict(item.get_properties()), extra=extra, adapters=adapters)
-
-
-def _generation_parameters(item: Any, params: dict[str, Any], settings: ParserSettings) -> GenerationParameters:
+def generation_parameters(item: Any, params: dict[str, Any], settings: ParserSettings) -> GenerationParameters:
+    """Validated ``GenerationParameters`` for an LMI ``parameters`` dict, with the request's seed
+    decided (:func:`resolve_seed`)."""
     gen = GenerationParameters.from_dict(
         params, settings.engine, max_new_tokens_limit=settings.max_new_tokens_limit, strict=settings.strict_parameters
     )
@@ -182,48 +156,6 @@ def resolve_seed(params: GenerationParameters, server_seed: Optional[int]) -> Op
     if params.seed is not None or not is_sampling(params):
         return params.seed
     return server_seed if server_seed is not None else random.randrange(1 << 31)
-
-
-def _tgi_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
-    """A TGI ``/generate`` body in LMI terms: TGI's parameter names, TGI's output shapes."""
-    params = body.get("parameters") or {}
-    if not isinstance(params, dict):
-        raise InvalidParameter("parameters must be a JSON object", field="parameters")
-    unknown = sorted(set(body) - set(TOP_LEVEL_KEYS))
-    if unknown:
-        raise InvalidRequest(f"unknown request field(s) {unknown}; allowed: {list(TOP_LEVEL_KEYS)}", field=unknown[0])
-    if "inputs" in body and not isinstance(body["inputs"], str):
-        raise InvalidRequest(f"inputs must be a string (TGI), got {type(body['inputs']).__name__}", field="inputs")
-    params = dict(params)  # TGI's `stop` is an accepted alias of stop_sequences (from_dict checks both)
-    adapter_id = params.pop("adapter_id", None)  # TGI's LoRA selection = our top-level "adapters"
-    for key in TGI_NULL_ONLY:
-        if params.pop(key, None) is not None:
-            raise InvalidParameter(f"parameters.{key} is not supported", field=key)
-    _tgi_check_temperature(params.get("temperature"))
-    if params.pop("watermark", False):
-        raise InvalidParameter("parameters.watermark is not supported", field="watermark")
-    if params.get("best_of") in (None, 1):
-        params.pop("best_of", None)
-    if params.get("top_n_tokens") in (None, 0):
-        params.pop("top_n_tokens", None)
-    if not params.get("decoder_input_details"):
-        params.pop("decoder_input_details", None)
-    stream = stream or _check_bool(body.get("stream", False), "stream")
-    if stream and params.get("decoder_input_details"):  # as TGI: prefill details are never streamed
-        raise InvalidParameter("decoder_input_details is not supported when streaming tokens",
-                               field="decoder_input_details")
-    params["output_formatter"] = "tgi_stream" if stream else "tgi"
-    tgi = {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
-    if adapter_id is not None or body.get("adapters") is not None:
-        tgi["adapters"] = adapter_id if adapter_id is not None else body.get("adapters")
-    return tgi
-
-
-def _tgi_check_temperature(value: Any) -> None:
-    """TGI's router refuses ``temperature <= 0`` (422) where the LMI schema means greedy by 0."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and value <= 0:
-        raise UnprocessableParameter("`temperature` must be strictly positive", field="temperature")
 
 
 def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:
@@ -252,7 +184,18 @@ def _check_inputs(value: Any, rolling: bool) -> Union[str, list[str]]:
     raise InvalidRequest(f"inputs must be a string, got {type(value).__name__}", field="inputs")
 
 
-def _check_bool(value: Any, name: str) -> bool:
+def check_text(value: str, name: str) -> str:
+    """Reject strings that are not valid Unicode text (lone surrogates from JSON escapes)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{name} contains an invalid character at position {exc.start} "
+                             "(a lone UTF-16 surrogate)", field=name) from None
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` when it is a JSON boolean, else ``InvalidRequest`` naming ``name``."""
     if not isinstance(value, bool):
         raise InvalidRequest(f"{name} must be true or false, got {json.dumps(value)}", field=name)
     return value

@@ -2,7 +2,9 @@
 
 Nothing here imports an ML library. ``Token`` is one generated token; ``Request`` is one parsed
 client request; ``RequestOutput`` is the growing result of a request that formatters turn into
-bytes, one call per scheduler step.
+bytes, one call per scheduler step. A request also carries what an API dialect's parser read for its
+formatter (``ToolPlan``, ``ResponseOptions``) and the state that formatter keeps between its calls
+(a ``FormatterState`` subclass the formatter defines).
 """
 
 from __future__ import annotations
@@ -29,8 +31,53 @@ class Token:
 
 
 # A custom output formatter function from model.py, called once per step with the request's output
-# (``formatting.registry.CustomFormatter`` is the class that wraps it).
+# (``formatting.custom.CustomFormatter`` is the class that wraps it).
 FormatterFunction = Callable[["RequestOutput"], str]
+
+
+@dataclass
+class ToolPlan:
+    """What a request's tool fields ask for (OpenAI's ``tools``/``tool_choice``/``parallel_tool_calls``,
+    validated by ``dialects.openai.tools``), and so how its reply is read back as tool calls.
+
+    ``mode``: ``none`` (tools not shown, the reply is text), ``auto`` (the reply is a call when it is
+    one), ``required`` (one or more calls, constrained by ``schema``) or ``named`` (a call of
+    ``function``, its arguments constrained by ``schema``).
+    """
+
+    tools: list[dict[str, Any]] = field(default_factory=list)  # as the chat template gets them
+    mode: str = "none"
+    function: Optional[str] = None  # named mode
+    parallel: bool = True
+    schema: Optional[dict[str, Any]] = None  # guided_json for required/named
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the functions the reply may call."""
+        return [t["function"]["name"] for t in self.tools]
+
+    @property
+    def may_call(self) -> bool:
+        """True when the reply may be a tool call (some tool is shown and the mode is not ``none``)."""
+        return self.mode != "none" and bool(self.tools)
+
+
+@dataclass(frozen=True)
+class ResponseOptions:
+    """How a client shaped its response outside ``parameters`` (read from OpenAI bodies; other
+    requests keep the defaults): ``model`` echoed (empty: the formatter's default), ``logprobs``
+    (chat: bool; completions: the integer N, None when not asked), chat's ``top_logprobs`` and
+    ``stream_options.include_usage``."""
+
+    model: str = ""
+    logprobs: Union[bool, int, None] = None
+    top_logprobs: int = 0
+    include_usage: bool = False
+
+
+class FormatterState:
+    """Base of the per-request state a formatter keeps between its calls (a response id fixed on
+    the first chunk, a parse done once); each formatter that needs one subclasses it."""
 
 
 @dataclass
@@ -43,6 +90,10 @@ class Request:
     seed the request samples with, resolved once by the parser (client's, else the front end's,
     else random; equal to ``params.seed``), and None for a greedy request.
     ``adapters``: the LoRA adapter of each prompt (None = base model); empty when none was named.
+    ``tools``: the tool calls the reply may hold (None: it is text); ``response_options``: what the
+    client set for its response outside ``parameters``; ``formatter_state``: owned by the request's
+    formatter (None until its first call); ``legacy_id``: the ``id`` argument DJL v0.27's six-argument
+    custom formatters receive.
     """
 
     prompt: str
@@ -52,8 +103,11 @@ class Request:
     inputs: Any = None
     seed: Optional[int] = None
     properties: dict[str, str] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
     adapters: tuple[Optional[str], ...] = ()
+    tools: Optional[ToolPlan] = None
+    response_options: ResponseOptions = field(default_factory=ResponseOptions)
+    formatter_state: Optional[FormatterState] = None
+    legacy_id: int = 0
 
     def adapter_of(self, index: int = 0) -> Optional[str]:
         """The adapter of prompt ``index`` (None: the base model)."""

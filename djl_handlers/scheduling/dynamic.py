@@ -50,7 +50,7 @@ FormatterFor = Callable[[Request], Optional[Any]]
 
 def _new_slot(engine: Engine, request: Request, prompt: str, index: int = 0,
               whole: bool = False) -> tuple[RequestSlot, list[int]]:
-    """A slot for prompt ``index``; ``whole`` keeps the request itself (a formatter needs its extras)."""
+    """A slot for prompt ``index``; ``whole`` keeps the request itself (a formatter needs its dialect fields)."""
     ids = tokenize_prompt(engine, request, prompt)
     adapter = request.adapter_of(index)
     sub = request if whole else Request(prompt=prompt, params=request.params, inputs=prompt,

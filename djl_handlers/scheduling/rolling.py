@@ -144,7 +144,7 @@ class RollingBatch:
 def error_slot(exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None,
                slot_id: int = 0) -> RequestSlot:
     """A finished slot whose one record reports ``exc`` (rendered by ``formatter``, default LMI's json)."""
-    from djl_handlers.formatting import get_formatter
+    from djl_handlers.dialects.registry import get_formatter
 
     slot = RequestSlot(request or _error_request(), formatter or get_formatter("json", stream=False), slot_id)
     slot.fail(_naming_field(exc), status_of(exc))

@@ -36,9 +36,10 @@ import pytest
 
 from djl_handlers.config.models import ServingConfig
 from djl_handlers.config.properties import HANDLER_MODULES, parse_properties, split_properties
+from djl_handlers.dialects.dispatch import parse_request
 from djl_handlers.errors import DjlHandlersError
 from djl_handlers.io import Input
-from djl_handlers.request.parser import ParserSettings, parse_request
+from djl_handlers.request.parser import ParserSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md"),

@@ -73,8 +73,9 @@ FORMATTER_BUG = (
 # =========================================================================== known-bug probes
 def negative_seed_rejected() -> bool:
     """True while our parser turns DJL's negative rolling-batch seed into a 400."""
+    from djl_handlers.dialects.dispatch import parse_request
     from djl_handlers.errors import DjlHandlersError
-    from djl_handlers.request.parser import ParserSettings, parse_request
+    from djl_handlers.request.parser import ParserSettings
 
     item = Input.from_parts(
         {"Content-Type": "application/json"},

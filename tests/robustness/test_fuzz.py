@@ -25,7 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from djl_handlers.dialects.dispatch import parse_request
+from djl_handlers.dialects.openai.request import CHAT_KEYS, COMPLETION_KEYS
 from djl_handlers.errors import InvalidParameter, InvalidRequest
+from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.io import Input
 from djl_handlers.io.wire import (
     binary_decode,
@@ -39,8 +42,7 @@ from djl_handlers.io.wire import (
 )
 from djl_handlers.params.generation import ALIASES, META_KEYS, GenerationParameters
 from djl_handlers.params.translate import known_parameters
-from djl_handlers.request.openai import CHAT_KEYS, COMPLETION_KEYS
-from djl_handlers.request.parser import API_PROPERTY, TOP_LEVEL_KEYS, ParserSettings, parse_request
+from djl_handlers.request.parser import TOP_LEVEL_KEYS, ParserSettings
 
 EXAMPLES = int(os.environ.get("DJL_FUZZ_EXAMPLES", "200"))
 LONG_RUN = "DJL_FUZZ_EXAMPLES" in os.environ

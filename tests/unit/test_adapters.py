@@ -12,12 +12,13 @@ from typing import Any, Optional
 
 import pytest
 
+from djl_handlers.dialects.dispatch import parse_request
+from djl_handlers.errors import InvalidRequest
+from djl_handlers.io import Input
 from djl_handlers.lora.management import AdapterManager
 from djl_handlers.lora.registry import AdapterError, AdapterNotFound, AdapterRegistry, spec_from_input
 from djl_handlers.lora.selection import openai_adapter, select_adapters
-from djl_handlers.errors import InvalidRequest
-from djl_handlers.io import Input
-from djl_handlers.request.parser import ParserSettings, parse_request
+from djl_handlers.request.parser import ParserSettings
 
 
 def _call(handler: str, name: str, src: Optional[str] = None, alias: Optional[str] = None, **options: str) -> Any:
@@ -206,7 +207,7 @@ def test_parser_carries_adapters_into_the_request() -> None:
     req = parse_request(_request({"inputs": ["x", "y"], "adapters": ["b", None]}), dynamic)
     assert req.adapters == ("b", None) and req.adapter_of(1) is None
     chat = parse_request(_request({"prompt": "hi", "model": "m:b"}), rolling)
-    assert chat.adapters == ("b",) and chat.extra["model"] == "b"
+    assert chat.adapters == ("b",) and chat.response_options.model == "b"
     tgi = parse_request(_request({"inputs": "x", "parameters": {"adapter_id": "a"}}, **{"X-Djl-Handlers-Api": "tgi"}),
                         rolling)
     assert tgi.adapters == ("a",)

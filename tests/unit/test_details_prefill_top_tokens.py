@@ -11,13 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from djl_handlers.dialects.registry import get_formatter  # noqa: E402
+from djl_handlers.dialects.tgi.request import tgi_to_lmi  # noqa: E402
 from djl_handlers.engines.base import EngineRequest, StepOutput  # noqa: E402
 from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.errors import InvalidParameter  # noqa: E402
-from djl_handlers.formatting import get_formatter  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 from djl_handlers.params.translate import SUPPORT  # noqa: E402
-from djl_handlers.request.parser import _tgi_body  # noqa: E402
 from djl_handlers.request.records import Request, RequestOutput, Token  # noqa: E402
 
 pytest_plugins = ["conftest_models"]  # fixtures: tiny_model, tiny_dir
@@ -211,7 +211,7 @@ def test_support_table_and_tgi_stream_rule() -> None:
     with pytest.raises(InvalidParameter):
         GenerationParameters.from_dict({"top_n_tokens": 21}, "huggingface")
     with pytest.raises(InvalidParameter, match="streaming"):
-        _tgi_body({"inputs": "x", "parameters": {"decoder_input_details": True}}, stream=True)
+        tgi_to_lmi({"inputs": "x", "parameters": {"decoder_input_details": True}}, stream=True)
 
 
 # --------------------------------------------------------------------------- end to end

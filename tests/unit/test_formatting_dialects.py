@@ -7,11 +7,10 @@ from typing import Any, Optional
 
 import pytest
 
-from djl_handlers.formatting import (
-    get_formatter,
-)
+from djl_handlers.dialects.openai.state import OpenAIState
+from djl_handlers.dialects.registry import get_formatter
 from djl_handlers.params.generation import GenerationParameters
-from djl_handlers.request.records import Request, RequestOutput, Token
+from djl_handlers.request.records import Request, RequestOutput, ResponseOptions, Token
 
 TOKS = [Token(10, "Bon", -0.5), Token(11, "jour", -0.25), Token(12, " !", -0.125)]
 
@@ -22,8 +21,13 @@ def make_output(
     request_seed: Optional[int] = None,
     **params: Any,
 ) -> RequestOutput:
+    """``extra``: a response id and creation time fixed in advance (``id``, ``created``) and the
+    client's ``ResponseOptions`` fields."""
     gen = GenerationParameters(details=details, **params)
-    request = Request(prompt="Say hi: ", params=gen, inputs="Say hi: ", seed=request_seed, extra=dict(extra or {}))
+    fields = dict(extra or {})
+    state = OpenAIState(response_id=fields.pop("id", None), created=fields.pop("created", None))
+    request = Request(prompt="Say hi: ", params=gen, inputs="Say hi: ", seed=request_seed,
+                      response_options=ResponseOptions(**fields), formatter_state=state)
     return RequestOutput(request=request, prompt_tokens=3)
 
 
@@ -143,7 +147,7 @@ def test_done_only_after_the_last_chunk() -> None:
 
 
 def test_include_usage_adds_null_usage_and_a_usage_chunk() -> None:
-    extra = {**EXTRA, "stream_options": {"include_usage": True}}
+    extra = {**EXTRA, "include_usage": True}
     payloads = sse_payloads(body_of("completion_sse", make_output(extra=extra), [TOKS]))
     chunks = [json.loads(p) for p in payloads[:-1]]
     assert all(c["usage"] is None for c in chunks[:-1])
@@ -158,7 +162,8 @@ def test_missing_id_and_created_are_made_once_and_reused() -> None:
     created = {json.loads(p)["created"] for p in payloads[:-1]}
     assert len(ids) == 1 and next(iter(ids)).startswith("chatcmpl-")
     assert len(created) == 1 and isinstance(next(iter(created)), int)
-    assert out.request.extra["id"] in ids
+    assert isinstance(out.request.formatter_state, OpenAIState)
+    assert out.request.formatter_state.response_id in ids
     completion = make_output()
     assert json.loads(body_of("completion_json", completion, [TOKS]))["id"].startswith("cmpl-")
 

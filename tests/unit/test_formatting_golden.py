@@ -9,7 +9,6 @@ test here keeps it in sync.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -18,9 +17,10 @@ from typing import Any, Optional
 
 import pytest
 
-from djl_handlers.formatting import get_formatter
+from djl_handlers.dialects.openai.state import OpenAIState
+from djl_handlers.dialects.registry import get_formatter
 from djl_handlers.params.generation import GenerationParameters
-from djl_handlers.request.records import Request, RequestOutput, Token
+from djl_handlers.request.records import Request, RequestOutput, ResponseOptions, Token
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "formatting"
@@ -42,7 +42,7 @@ FORMATS = [
     "json_chat",
     "jsonlines_chat",
 ]
-OPENAI_EXTRA = {"id": "cmpl-0001", "created": 1700000000, "model": "smollm2"}
+OPENAI_ID, OPENAI_CREATED, OPENAI_MODEL = "cmpl-0001", 1700000000, "smollm2"
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Scenario:
     return_full_text: bool = False
     error: Optional[str] = None
     error_code: Optional[int] = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # ResponseOptions fields
     seed: Optional[int] = None
 
 
@@ -99,7 +99,7 @@ SCENARIOS: dict[str, Scenario] = {
     "openai_options": Scenario(
         steps=[[T(304, "Deep", -0.05)], [T(11157, " Learning", -1.25), T(278, " is", -0.0078125)]],
         finish_reason="eos_token",
-        extra={"logprobs": True, "top_logprobs": 1, "stream_options": {"include_usage": True}},
+        options={"logprobs": True, "top_logprobs": 1, "include_usage": True},
     ),
 }
 CASES = [(f, s) for f in FORMATS for s in SCENARIOS if s != "openai_options"] + [
@@ -110,8 +110,10 @@ CASES = [(f, s) for f in FORMATS for s in SCENARIOS if s != "openai_options"] + 
 def build_output(sc: Scenario) -> RequestOutput:
     """A fresh RequestOutput for a scenario (no tokens yet)."""
     params = GenerationParameters(details=sc.details, return_full_text=sc.return_full_text)
-    extra = {**OPENAI_EXTRA, **json.loads(json.dumps(sc.extra))}
-    request = Request(prompt=sc.prompt, params=params, inputs=sc.prompt, seed=sc.seed, extra=extra)
+    options = ResponseOptions(**{"model": OPENAI_MODEL, **sc.options})
+    state = OpenAIState(response_id=OPENAI_ID, created=OPENAI_CREATED)
+    request = Request(prompt=sc.prompt, params=params, inputs=sc.prompt, seed=sc.seed, response_options=options,
+                      formatter_state=state)
     return RequestOutput(request=request, prompt_tokens=len(sc.prompt.split()))
 
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import pytest
 
-from djl_handlers.formatting import get_formatter
+from djl_handlers.dialects.registry import get_formatter
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.request.records import Request, RequestOutput, Token
 

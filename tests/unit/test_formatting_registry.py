@@ -7,20 +7,16 @@ from typing import Any
 
 import pytest
 
+from djl_handlers.dialects.registry import allowed_names, content_type_for, get_formatter
 from djl_handlers.errors import ConfigError, InvalidRequest
-from djl_handlers.formatting import (
-    allowed_names,
-    content_type_for,
-    get_formatter,
-    is_legacy_formatter,
-)
+from djl_handlers.formatting import is_legacy_formatter
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.request.records import Request, RequestOutput, Token
 
 
 def make_output(details: bool = False) -> RequestOutput:
     params = GenerationParameters(details=details, return_full_text=True)
-    request = Request(prompt="Hi: ", params=params, inputs="Hi: ", extra={"request_id": 7})
+    request = Request(prompt="Hi: ", params=params, inputs="Hi: ", legacy_id=7)
     return RequestOutput(request=request, prompt_tokens=2)
 
 

@@ -134,3 +134,26 @@ def test_neutral_engine_modules_import_no_engine_family(graph: dict[str, set[str
     hf = [f"{name} -> {target}" for name, targets in graph.items() for target in targets
           if name.startswith("djl_handlers.engines.hf") and target.startswith("djl_handlers.engines.external")]
     assert hf == []  # the HF family does not depend on external engines (DeepSpeed builds on HF, not back)
+
+
+def _crossing(graph: dict[str, set[str]], sources: tuple[str, ...], targets: tuple[str, ...]) -> list[str]:
+    """``source -> target`` imports from modules under ``sources`` to modules under ``targets``."""
+    def under(name: str, roots: tuple[str, ...]) -> bool:
+        return any(name == f"djl_handlers.{r}" or name.startswith(f"djl_handlers.{r}.") for r in roots)
+
+    return sorted(f"{name} -> {target}" for name, found in graph.items() if under(name, sources)
+                  for target in found if under(target, targets))
+
+
+def test_the_worker_and_the_server_share_only_the_protocol(graph: dict[str, set[str]]) -> None:
+    assert _crossing(graph, ("worker",), ("server",)) == []
+    assert _crossing(graph, ("server",), ("worker",)) == []
+    assert _crossing(graph, ("protocol",), ("server", "worker", "service", "cli")) == []
+    assert _crossing(graph, ("server",), ("protocol",)) and _crossing(graph, ("worker",), ("protocol",))
+
+
+def test_dialects_build_on_request_and_formatting_not_the_other_way(graph: dict[str, set[str]]) -> None:
+    assert _crossing(graph, ("io", "config", "params", "request", "formatting"), ("dialects",)) == []
+    assert _crossing(graph, ("io", "config", "params", "request"), ("formatting",)) == []
+    assert _crossing(graph, ("dialects",), ("scheduling", "protocol")) == []
+    assert _crossing(graph, ("dialects.tgi", "dialects.bedrock"), ("dialects.openai",)) == []

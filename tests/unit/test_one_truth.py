@@ -7,10 +7,10 @@ import pytest
 
 from djl_handlers.config.engines import ALIASES, DTYPE_NAMES, ENGINES, canonical_engine
 from djl_handlers.config.models import DTYPES, ServingConfig
+from djl_handlers.dialects.registry import FORMATTERS, content_type_for, get_formatter
 from djl_handlers.engines import registry
 from djl_handlers.engines.base import check_prompt_length
 from djl_handlers.errors import PromptTooLong
-from djl_handlers.formatting.registry import FORMATTERS, content_type_for, get_formatter
 from djl_handlers.params.support import SUPPORT, normalize_engine
 
 

@@ -9,10 +9,10 @@ from typing import Any, Optional
 
 import pytest
 
+from djl_handlers.dialects.registry import get_formatter
 from djl_handlers.engines.base import StepOutput
 from djl_handlers.engines.fake import EOS_ID, REPLY, ByteTokenizer, FakeEngine
 from djl_handlers.errors import InvalidRequest
-from djl_handlers.formatting import get_formatter
 from djl_handlers.io import wire
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.protocol.dynamic import split_batch

@@ -168,7 +168,7 @@ def test_finished_request_log_line(clock: Clock, caplog: pytest.LogCaptureFixtur
 
 
 def test_slot_records_carry_step_tokens_and_final_stats() -> None:
-    from djl_handlers.formatting import get_formatter
+    from djl_handlers.dialects.registry import get_formatter
     from djl_handlers.params.generation import GenerationParameters
     from djl_handlers.request.records import Request, Token
     from djl_handlers.scheduling.slot import RequestSlot

@@ -133,7 +133,8 @@ def test_resolve_seed(params: dict[str, Any], server_seed: int, expected: Any) -
 
 
 def test_request_seed_is_resolved_once() -> None:
-    from djl_handlers.request.parser import ParserSettings, parse_request
+    from djl_handlers.dialects.dispatch import parse_request
+    from djl_handlers.request.parser import ParserSettings
 
     def parse(params: dict[str, Any]) -> Any:
         body = json.dumps({"inputs": "a", "parameters": params}).encode()

@@ -5,15 +5,16 @@ TensorRT-LLM (against the fakes), and the ``tool_calls`` replies."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
+from djl_handlers.dialects.openai.request import chat_to_lmi, completion_to_lmi
 from djl_handlers.errors import InvalidParameter, InvalidRequest
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.params.structured import StructuredOutput, choice_regex
 from djl_handlers.params.translate import to_trtllm, to_vllm
-from djl_handlers.request.openai import chat_to_lmi, completion_to_lmi
+from djl_handlers.request.records import ResponseOptions, ToolPlan
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}, "required": ["a"]}
 
@@ -174,13 +175,13 @@ def test_required_and_named_tool_choice_become_a_schema() -> None:
     assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 2
     names = [s["properties"]["name"]["enum"] for s in schema["items"]["anyOf"]]
     assert names == [["get_weather"], ["get_time"]]
-    assert req.formatter == "chat_json" and req.extra["tools"]["mode"] == "required"
+    assert req.formatter == "chat_json" and req.tools is not None and req.tools.mode == "required"
     single, _ = chat({"tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False})
     assert single.parameters["guided_json"]["type"] == "object"
     named, _ = chat({"tools": [WEATHER, TIME], "stream": True,
                      "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
     assert named.parameters["guided_json"] == WEATHER["function"]["parameters"]
-    assert named.formatter == "chat_tools_sse" and named.extra["tools"]["function"] == "get_weather"
+    assert named.formatter == "chat_tools_sse" and named.tools is not None and named.tools.function == "get_weather"
     GenerationParameters.from_dict(req.parameters)
 
 
@@ -196,7 +197,7 @@ def test_tools_become_a_system_message_otherwise() -> None:
     req, template = chat({"tools": [WEATHER], "tool_choice": "auto"})
     messages, tools = template.calls[0]
     assert tools is None and messages[0]["role"] == "system"
-    assert "get_weather" in messages[0]["content"] and req.extra["tools"]["mode"] == "auto"
+    assert "get_weather" in messages[0]["content"] and req.tools is not None and req.tools.mode == "auto"
     assert "guided_json" not in req.parameters
 
 
@@ -224,11 +225,17 @@ def test_tool_turns_are_accepted() -> None:
 # --------------------------------------------------------------------------- replies
 
 
-def reply(text: str, extra_tools: dict[str, Any], stream: bool = False, reason: str = "eos_token") -> str:
-    from djl_handlers.formatting import get_formatter
+def plan(mode: str, names: list[str], function: Optional[str] = None) -> ToolPlan:
+    """A tool plan as the OpenAI parser makes it, for functions ``names``."""
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in names]
+    return ToolPlan(tools, mode, function)
+
+
+def reply(text: str, tools: ToolPlan, stream: bool = False, reason: str = "eos_token") -> str:
+    from djl_handlers.dialects.registry import get_formatter
     from djl_handlers.request.records import Request, RequestOutput, Token
 
-    request = Request(prompt="p", params=GenerationParameters(), extra={"model": "m", "tools": extra_tools})
+    request = Request(prompt="p", params=GenerationParameters(), tools=tools, response_options=ResponseOptions("m"))
     out = RequestOutput(request=request, prompt_tokens=3)
     out.tokens = [Token(1, text, -0.5)]
     out.new_tokens = list(out.tokens)
@@ -236,7 +243,7 @@ def reply(text: str, extra_tools: dict[str, Any], stream: bool = False, reason: 
     return get_formatter("chat_tools_sse" if stream else "chat_json", stream=stream)(out)
 
 
-REQUIRED = {"mode": "required", "names": ["get_weather", "get_time"], "function": None, "parallel": True}
+REQUIRED = plan("required", ["get_weather", "get_time"])
 
 
 def test_tool_calls_in_a_json_reply() -> None:
@@ -246,13 +253,13 @@ def test_tool_calls_in_a_json_reply() -> None:
     call = choice["message"]["tool_calls"][0]
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
-    named = {"mode": "named", "names": ["get_weather"], "function": "get_weather", "parallel": True}
+    named = plan("named", ["get_weather"], "get_weather")
     body = json.loads(reply('{"city": "Rome"}', named))
     assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
 def test_auto_reply_is_text_unless_it_is_a_call() -> None:
-    auto = {**REQUIRED, "mode": "auto"}
+    auto = plan("auto", ["get_weather", "get_time"])
     text = json.loads(reply("It is sunny.", auto))["choices"][0]
     assert text["message"]["content"] == "It is sunny." and text["finish_reason"] == "stop"
     block = json.loads(reply('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>', auto))["choices"][0]
@@ -279,11 +286,11 @@ def test_structured_output_describe() -> None:
 
 
 def test_named_tool_call_streams_its_arguments_as_generated() -> None:
-    from djl_handlers.formatting import get_formatter
+    from djl_handlers.dialects.registry import get_formatter
     from djl_handlers.request.records import Request, RequestOutput, Token
 
-    named = {"mode": "named", "names": ["get_weather"], "function": "get_weather", "parallel": True}
-    request = Request(prompt="p", params=GenerationParameters(), extra={"model": "m", "tools": named})
+    named = plan("named", ["get_weather"], "get_weather")
+    request = Request(prompt="p", params=GenerationParameters(), tools=named, response_options=ResponseOptions("m"))
     out = RequestOutput(request=request, prompt_tokens=3)
     fmt = get_formatter("chat_tools_sse", stream=True)
     frames = []

@@ -262,7 +262,7 @@ def test_finish_reason_table(reason: Any, stop_reason: Any, generated: int, expe
 def test_through_the_rolling_batch(engine: Any) -> None:
     import json
 
-    from djl_handlers.formatting import get_formatter
+    from djl_handlers.dialects.registry import get_formatter
     from djl_handlers.request.records import Request
     from djl_handlers.scheduling.rolling import RollingBatch
 

@@ -273,7 +273,7 @@ def test_lmi_dist_is_served_by_vllm_and_says_so(fake_vllm: Any, caplog: pytest.L
 def test_through_the_rolling_batch(fake_vllm: Any) -> None:
     import json
 
-    from djl_handlers.formatting import get_formatter
+    from djl_handlers.dialects.registry import get_formatter
     from djl_handlers.request.records import Request
     from djl_handlers.scheduling.rolling import RollingBatch
 
@@ -306,7 +306,7 @@ def test_stop_string_rule_through_the_rolling_batch(fake_vllm: Any, keep: bool, 
     """docs/parameters.md: removed by default, kept with include_stop_str_in_output (streamed too)."""
     import json
 
-    from djl_handlers.formatting import get_formatter
+    from djl_handlers.dialects.registry import get_formatter
     from djl_handlers.request.records import Request
     from djl_handlers.scheduling.rolling import RollingBatch
 

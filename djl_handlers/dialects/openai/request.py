@@ -1,8 +1,11 @@
 """OpenAI-style request bodies (chat completions and completions) → LMI request fields.
 
-``chat_to_lmi`` / ``completion_to_lmi`` validate the OpenAI fields and return the prompt plus an
+``openai_request`` turns one chat or completions item into a ``Request``: the LoRA adapter chosen
+by ``adapters``, the SageMaker header or ``model``, then ``chat_to_lmi`` / ``completion_to_lmi``,
+which validate the OpenAI fields and return the prompt plus an
 LMI ``parameters`` dict (validated afterwards by ``GenerationParameters.from_dict`` like any
-request), the formatter name and the ``extra`` fields the OpenAI formatters read.
+request), the formatter name, the ``ResponseOptions`` the OpenAI formatters read (``model``,
+``logprobs``, ``top_logprobs``, ``stream_options.include_usage``) and the ``ToolPlan``.
 
 Rules (documented in docs/schema.md): ``temperature`` defaults to 1.0 and 0 means greedy, as
 OpenAI; ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``n`` and ``best_of``
@@ -13,18 +16,21 @@ Structured output (docs/structured-output.md): ``response_format`` (``text``, ``
 ``json_schema``) and vLLM's extra fields ``guided_json``/``guided_regex``/``guided_choice``/
 ``guided_grammar``/``guided_json_object`` become the LMI ``guided_*`` parameters. Tool calling
 (chat): ``tools``/``tool_choice``/``parallel_tool_calls`` are handled by
-:mod:`djl_handlers.request.tools`; forced calls become a ``guided_json`` constraint.
+:mod:`djl_handlers.dialects.openai.tools`; forced calls become a ``guided_json`` constraint.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from djl_handlers.dialects.openai.tools import check_messages, parse_tools, render_messages
 from djl_handlers.errors import InvalidParameter, InvalidRequest
-from djl_handlers.request.tools import check_messages, parse_tools, render_messages
+from djl_handlers.lora.selection import openai_adapter, select_adapters
+from djl_handlers.params.translate import is_sampling
+from djl_handlers.request.parser import ChatTemplate, ParserSettings, check_text, generation_parameters
+from djl_handlers.request.records import Request, ResponseOptions, ToolPlan
 
 DEFAULT_MAX_TOKENS = 256
 IGNORED = ("user", "metadata", "store", "service_tier", "logit_bias")
@@ -35,10 +41,6 @@ COMMON = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_p"
 CHAT_KEYS = frozenset((*COMMON, *IGNORED, "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"))
 COMPLETION_KEYS = frozenset((*COMMON, *IGNORED, "prompt", "echo", "best_of"))
 
-# ``template(messages, tools=None) -> prompt``; a ``reads_tools`` attribute set to True says the
-# template renders ``tools`` itself (otherwise they are described in a system message).
-ChatTemplate = Callable[..., str]
-
 
 @dataclass
 class OpenAIRequest:
@@ -48,7 +50,26 @@ class OpenAIRequest:
     parameters: dict[str, Any]
     stream: bool
     formatter: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    options: ResponseOptions = field(default_factory=ResponseOptions)
+    tools: Optional[ToolPlan] = None  # set when the reply may be a tool call
+
+
+def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *, chat: bool) -> Request:
+    """One ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` item as a ``Request``."""
+    rest = {k: v for k, v in body.items() if k != "adapters"}
+    adapters = select_adapters(body.get("adapters"), item, 1, settings.adapters)
+    if not adapters:
+        by_model = openai_adapter(body.get("model"), settings.adapters)
+        adapters = (by_model,) if by_model else ()
+    req = chat_to_lmi(rest, settings.chat_template) if chat else completion_to_lmi(rest)
+    gen = generation_parameters(item, req.parameters, settings)
+    options = req.options
+    if adapters and adapters[0]:
+        options = replace(options, model=adapters[0])  # the response names the adapter that answered
+    return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
+                   inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
+                   properties=dict(item.get_properties()), adapters=adapters, tools=req.tools,
+                   response_options=options)
 
 
 def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> OpenAIRequest:
@@ -68,17 +89,16 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> 
     if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
         raise InvalidParameter("top_logprobs must be an integer in [0, 20]", field="top_logprobs")
     stream = _bool(body.get("stream", False), "stream")
-    extra = _extra(body, logprobs=logprobs, top_logprobs=top or 0)
+    options = _options(body, logprobs=logprobs, top_logprobs=top or 0)
     params = _common_parameters(body)
     if plan.schema is not None:
         if any(k.startswith("guided_") for k in params):
             raise InvalidParameter("a forced tool call (tool_choice) cannot be combined with response_format "
                                    "or guided_* constraints", field="tool_choice")
         params["guided_json"] = plan.schema
-    if plan.extra():
-        extra["tools"] = plan.extra()
-        return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", extra)
-    return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", extra)
+    if plan.may_call:
+        return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", options, plan)
+    return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", options)
 
 
 def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
@@ -99,8 +119,8 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
     if _bool(body.get("echo", False), "echo"):
         params["return_full_text"] = True
     stream = _bool(body.get("stream", False), "stream")
-    extra = _extra(body, logprobs=logprobs)
-    return OpenAIRequest(prompt, params, stream, "completion_sse" if stream else "completion_json", extra)
+    options = _options(body, logprobs=logprobs)
+    return OpenAIRequest(prompt, params, stream, "completion_sse" if stream else "completion_json", options)
 
 
 def _common_parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -173,30 +193,19 @@ def response_format(value: Any) -> dict[str, Any]:
                            field="response_format")
 
 
-def _extra(body: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
+def _options(body: dict[str, Any], logprobs: Optional[bool | int], top_logprobs: int = 0) -> ResponseOptions:
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
         raise InvalidParameter("stream_options must be an object", field="stream_options")
-    extra: dict[str, Any] = {"model": body.get("model") or "lmi", **fields}
-    if options:
-        extra["stream_options"] = options
-    return extra
+    return ResponseOptions(model=str(body.get("model") or ""), logprobs=logprobs,
+                           top_logprobs=top_logprobs,
+                           include_usage=bool(stream_options and stream_options.get("include_usage")))
 
 
 def _reject_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequest(f"unsupported field(s) {unknown}", field=unknown[0])
-
-
-def check_text(value: str, name: str) -> str:
-    """Reject strings that are not valid Unicode text (lone surrogates from JSON escapes)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(f"{name} contains an invalid character at position {exc.start} "
-                             "(a lone UTF-16 surrogate)", field=name) from None
-    return value
 
 
 def _bool(value: Any, name: str) -> bool:

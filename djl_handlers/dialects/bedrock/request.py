@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest
-from djl_handlers.request.openai import check_text
+from djl_handlers.request.parser import check_text
 
 KEYS = frozenset(("prompt", "temperature", "top_p", "max_gen_len"))
 STREAM_API = "InvokeEndpointWithResponseStream"

@@ -5,24 +5,25 @@ Names: ``chat_json``, ``chat_sse``, ``completion_json``, ``completion_sse``; and
 write compact JSON like OpenAI/vLLM; ``json_chat`` and ``jsonlines_chat`` keep DJL's spaced
 ``json.dumps`` separators.
 
-What the formatters read from ``out.request.extra`` (the parser copies the OpenAI body fields):
+What the formatters read from the request's ``ResponseOptions`` (``Request.response_options``, which
+the OpenAI parser fills from the body):
 
-- ``id`` (str): response id; when absent one is made (``chatcmpl-<request id>`` / ``cmpl-<request id>``
-  from the ``requestId`` property, else ``-<hex>``) and stored back into ``extra`` so every chunk of
-  the stream carries the same id.
-- ``created`` (int): Unix time; when absent the current time, stored back likewise.
-- ``model`` (str): echoed as ``model``; ``"lmi"`` when absent.
-- ``logprobs``: chat: bool; completions: int (legacy ``logprobs: N``); absent/None/false: none.
+- ``model`` (str): echoed as ``model``; ``"lmi"`` when empty.
+- ``logprobs``: chat: bool; completions: int (legacy ``logprobs: N``); None/false: none.
 - ``top_logprobs`` (chat, int): when > 0 each token's ``top_logprobs`` lists the chosen token
   (the engines report no alternatives).
-- ``stream_options`` (dict): ``{"include_usage": true}`` adds ``"usage": null`` to every chunk and
-  a final chunk with ``"choices": []`` and the usage before ``[DONE]``.
+- ``include_usage`` (``stream_options.include_usage``): adds ``"usage": null`` to every chunk and a
+  final chunk with ``"choices": []`` and the usage before ``[DONE]``.
+
+What they fix on the first call and repeat on every later one (``OpenAIState``, the request's
+``formatter_state``): the response ``id`` (``chatcmpl-<request id>`` / ``cmpl-<request id>`` from the
+``requestId`` property, else ``-<hex>``) and ``created`` (the current Unix time).
 
 Only one choice (index 0) is produced: the parser rejects ``n > 1``. Finish reasons map
 ``eos_token``/``stop_sequence`` -> ``stop`` and ``length`` -> ``length``. A failure is the nested
 error ``{"error": {"message", "type", "param", "code"}}``: the body (non-stream) or, in a
 stream, an event after the step's tokens, then ``[DONE]``. Replies of requests with ``tools``
-may become ``tool_calls`` (:mod:`djl_handlers.formatting.tools`).
+may become ``tool_calls`` (:mod:`.tool_calls`; streamed by :mod:`.tool_stream`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Optional
 
+from djl_handlers.dialects.openai.state import state_of
+from djl_handlers.dialects.openai.tool_calls import tool_message
 from djl_handlers.extensions import REQUEST_ID_PROPERTY
 from djl_handlers.formatting.lmi import (
     PLACEHOLDER_TOKEN,
@@ -53,40 +56,37 @@ DONE_EVENT = "data: [DONE]\n\n"
 Dump = Callable[[Any], str]
 
 
-# --------------------------------------------------------------------------- extra fields
-
-
-def _extra_default(out: RequestOutput, key: str, make: Callable[[], Any]) -> Any:
-    extra = out.request.extra
-    if extra.get(key) in (None, ""):
-        extra[key] = make()
-    return extra[key]
+# --------------------------------------------------------------------------- response fields
 
 
 def response_id(out: RequestOutput, kind: str) -> str:
-    """The response id from ``extra["id"]``, made and stored there on first use: ``<prefix>-<request
+    """The response id, made on first use and kept in the request's ``OpenAIState``: ``<prefix>-<request
     id>`` when the front end sent DJL's ``requestId`` property (the HTTP ``x-request-id``), else a
     random hex id."""
-    prefix = "chatcmpl" if kind == "chat" else "cmpl"
-    request_id = out.request.properties.get(REQUEST_ID_PROPERTY)
-    suffix = request_id if request_id else None
-    return str(_extra_default(out, "id", lambda: f"{prefix}-{suffix or uuid.uuid4().hex}"))
+    state = state_of(out)
+    if not state.response_id:
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        request_id = out.request.properties.get(REQUEST_ID_PROPERTY)
+        state.response_id = f"{prefix}-{request_id or uuid.uuid4().hex}"
+    return state.response_id
 
 
 def created_time(out: RequestOutput) -> int:
-    """``created`` from ``extra["created"]``, the current time stored there on first use."""
-    return int(_extra_default(out, "created", lambda: int(time.time())))
+    """``created``: the current time on first use, kept in the request's ``OpenAIState``."""
+    state = state_of(out)
+    if state.created is None:
+        state.created = int(time.time())
+    return state.created
 
 
 def model_name(out: RequestOutput) -> str:
-    """``model`` echoed from ``extra["model"]``."""
-    return str(out.request.extra.get("model") or DEFAULT_MODEL)
+    """``model`` echoed from the request's ``ResponseOptions``."""
+    return out.request.response_options.model or DEFAULT_MODEL
 
 
 def include_usage(out: RequestOutput) -> bool:
     """True when ``stream_options.include_usage`` was requested."""
-    options = out.request.extra.get("stream_options")
-    return isinstance(options, dict) and bool(options.get("include_usage"))
+    return out.request.response_options.include_usage
 
 
 def openai_finish_reason(out: RequestOutput) -> str:
@@ -116,9 +116,10 @@ def openai_error(out: RequestOutput) -> dict[str, Any]:
 
 def chat_logprobs(out: RequestOutput, tokens: list[Token]) -> Optional[dict[str, Any]]:
     """Chat ``logprobs`` ``{"content": [{token, logprob, bytes, top_logprobs}]}`` or None."""
-    if not out.request.extra.get("logprobs"):
+    options = out.request.response_options
+    if not options.logprobs:
         return None
-    top_n = int(out.request.extra.get("top_logprobs") or 0)
+    top_n = options.top_logprobs
     content = []
     for tok in tokens:
         entry = {"token": tok.text, "logprob": finite(tok.log_prob), "bytes": list(tok.text.encode("utf-8"))}
@@ -130,7 +131,7 @@ def chat_logprobs(out: RequestOutput, tokens: list[Token]) -> Optional[dict[str,
 def completion_logprobs(out: RequestOutput, tokens: list[Token], offset: int) -> Optional[dict[str, Any]]:
     """Legacy completions ``logprobs`` (``text_offset``, ``token_logprobs``, ``tokens``,
     ``top_logprobs``); offsets count characters of the returned text, starting at ``offset``."""
-    wanted = out.request.extra.get("logprobs")
+    wanted = out.request.response_options.logprobs
     if wanted is None or wanted is False:
         return None
     offsets = []
@@ -178,9 +179,7 @@ class OpenAIJsonFormatter(Formatter):
             choice["text"] = out.full_text
             choice["logprobs"] = completion_logprobs(out, out.tokens, len(_prefix(out)))
         choice["finish_reason"] = openai_finish_reason(out)
-        if self.kind == "chat" and out.request.extra.get("tools"):
-            from djl_handlers.formatting.tools import tool_message
-
+        if self.kind == "chat" and out.request.tools is not None:
             called = tool_message(out)
             if called is not None:
                 choice["message"], choice["finish_reason"] = called

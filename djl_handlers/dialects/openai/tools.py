@@ -1,10 +1,10 @@
 """OpenAI tool calling on the request side: ``tools``, ``tool_choice``, ``parallel_tool_calls``
 and the tool turns of a conversation.
 
-``parse_tools`` validates the fields and returns a ``ToolPlan``: which tools the prompt shows,
-the JSON Schema that forces the reply (``required`` / a named function) and what the formatter
-must read back (``extra["tools"]``). Forced calls are constrained with ``guided_json``, so their
-arguments always parse:
+``parse_tools`` validates the fields and returns a ``ToolPlan`` (``request.records``): which tools
+the prompt shows, the JSON Schema that forces the reply (``required`` / a named function) and what
+the formatter reads back (``Request.tools``). Forced calls are constrained with ``guided_json``, so
+their arguments always parse:
 
 - ``{"type": "function", "function": {"name": F}}``: the reply is F's arguments object;
 - ``required``: the reply is ``[{"name": ..., "arguments": {...}}, ...]`` (one call up to as many
@@ -24,31 +24,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest
+from djl_handlers.request.records import ToolPlan
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-@dataclass
-class ToolPlan:
-    """What a request's tool fields ask for (see module docstring)."""
-
-    tools: list[dict[str, Any]] = field(default_factory=list)  # as the template gets them
-    mode: str = "none"  # none | auto | required | named
-    function: Optional[str] = None  # named mode
-    parallel: bool = True
-    schema: Optional[dict[str, Any]] = None  # guided_json for required/named
-
-    def extra(self) -> dict[str, Any]:
-        """What the formatter reads (``extra["tools"]``); empty when no tool can be called."""
-        if self.mode == "none" or not self.tools:
-            return {}
-        names = [t["function"]["name"] for t in self.tools]
-        return {"mode": self.mode, "names": names, "function": self.function, "parallel": self.parallel}
 
 
 def parse_tools(body: dict[str, Any]) -> ToolPlan:
