@@ -268,7 +268,8 @@ class ResolvedModel:
             if made is not None:
                 return (f"option.rolling_batch={self.written_rolling_batch or '(unset)'} with {made.rule}: "
                         f"DJL {self.rules}'s rules choose async mode (option.async_mode=true)")
-            return "option.async_mode=true: async mode (each request is awaited alone; the handler runs its engine loop)"
+            return ("option.async_mode=true: async mode (each request is awaited alone; the handler runs its "
+                    "engine loop)")
         if rewrite is not None:
             return (f"option.rolling_batch={self.written_rolling_batch or '(unset)'} became "
                     f"{rewrite.after!r} as DJL {self.rules} does: {rewrite.rule}")

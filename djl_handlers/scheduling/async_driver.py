@@ -199,7 +199,7 @@ class AsyncDriver:
         self.steps += 1
         extra = self._after_step(len(self._batch)) if self._after_step is not None else None
         items: list[tuple[Subscription, Any]] = []
-        for slot, (record, content_type) in zip(slots, results):
+        for slot, (record, content_type) in zip(slots, results, strict=True):
             sub = self._by_slot.get(id(slot))
             if sub is None:
                 continue

@@ -19,8 +19,9 @@ import asyncio
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from djl_handlers.extensions import CANCEL_PROPERTY, ENGINE_STATS_PROPERTY, TRACKING_ID_PROPERTY
 from djl_handlers.io import wire

@@ -106,7 +106,8 @@ class ModelRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async = AsyncRequests(self)  # async mode: the requests the worker holds, by tracking id
         self._async_cancels: set[str] = set()
-        self._async_controls: deque[tuple[dict[str, str], list[tuple[str | None, bytes]], asyncio.Future[Any]]] = deque()
+        self._async_controls: deque[tuple[dict[str, str], list[tuple[str | None, bytes]],
+                                          asyncio.Future[Any]]] = deque()
 
     # ------------------------------------------------------------------ lifecycle
 
