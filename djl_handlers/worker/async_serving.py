@@ -76,7 +76,7 @@ async def _answer(invoke: Callable[[Any], Any], inputs: Any, writer: asyncio.Str
 
 
 async def serve_async(conn: socket.socket, invoke: Callable[[Any], Any], extra: dict[str, str],
-                      on_init: Callable[[], None] | None = None) -> None:
+                      on_init: Callable[[], object] | None = None) -> None:
     """Serve ``conn`` in async mode until the front end closes it (``invoke``: an async function
     Input -> reply, e.g. :meth:`~djl_handlers.worker.loader.HandlerService.invoke_async`)."""
     if conn.family == socket.AF_UNIX:
