@@ -1,4 +1,4 @@
-"""``python -m benchmarks {engine,limit,overhead,server,memory,profile,served,compare,attention,kernels,all}``
+"""``python -m benchmarks {engine,limit,overhead,server,async,memory,profile,served,compare,attention,kernels,all}``
 [--quick].
 
 Each subcommand prints its tables and writes ``benchmarks/results/<name>.json`` (``-quick.json``
@@ -77,6 +77,16 @@ def _server(args: argparse.Namespace) -> None:
         save_png(server.plot(report, plt), "server")
 
 
+def _async(args: argparse.Namespace) -> None:
+    from benchmarks import async_mode
+
+    started = context()
+    versions = () if args.no_djl else tuple(args.djl_version or ("0.34", "0.36"))
+    report = async_mode.run_benchmark(args.quick, args.server_model, args.repeat, versions)
+    async_mode.print_report(report)
+    write_report("async" if args.server_model == "both" else f"async-{args.server_model}", report, args.quick, started)
+
+
 def _memory(args: argparse.Namespace) -> None:
     from benchmarks import memory
 
@@ -145,7 +155,7 @@ def _profile(args: argparse.Namespace) -> None:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "memory": _memory,
+    "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "async": _async, "memory": _memory,
     "profile": _profile, "served": _served, "compare": _compare, "attention": _attention,
     "kernels": _kernels,
 }
@@ -165,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help="server: also run djl-handlers serve from this git revision")
     parser.add_argument("--repeat", type=int, help="server: runs per front and client count (alternated)")
     parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="server: load generator")
+    parser.add_argument("--djl-version", action="append", choices=["0.34", "0.36"],
+                        help="async: DJL Serving release(s) to run beside ours (default both)")
     parser.add_argument("--dtype", default="fp32,bf16", help="served/compare: dtypes to run")
     parser.add_argument("--no-reference", action="store_true", help="served: skip the sequential generate() check")
     parser.add_argument("--variant", action="append", metavar="NAME:key=value;...",

@@ -185,7 +185,7 @@ def round_ratios(rows: list[dict[str, Any]], ours: str = "djl-handlers serve",
         ttft = [a / b for a, b in zip(mine["ttft_p99_ms_runs"], other["ttft_p99_ms_runs"], strict=False) if b]
         entry: dict[str, Any] = {"req_s_per_round": [rnd(x) for x in req], "req_s_median": rnd(median(req)),
                                  "ttft_p99_per_round": [rnd(x) for x in ttft], "ttft_p99_median": rnd(median(ttft))}
-        out[int(clients)] = entry
+        out[int(clients or 0)] = entry
         steal = [max(a, b) for a, b in zip(mine.get("steal_share_runs") or [], other.get("steal_share_runs") or [],
                                            strict=False)]
         if steal:  # beside the plain figures: the rounds where neither front lost the machine to steal
@@ -271,15 +271,21 @@ def _wait_ping(url: str, proc: subprocess.Popen[bytes], timeout: float = 180) ->
     raise RuntimeError("server did not answer /ping")
 
 
+def server_pid(url: str) -> int | None:
+    """The pid of the server (our front end, or DJL's JVM) started here at ``url``, while it runs."""
+    return _SERVER_PIDS.get(url)
+
+
 @contextlib.contextmanager
-def ours(model_dir: Path, root: Path = ROOT) -> Iterator[str]:
-    """``djl-handlers serve model_dir`` (the package under ``root``) on 127.0.0.1; yields its base URL."""
+def ours(model_dir: Path, root: Path = ROOT, log: Path | None = None) -> Iterator[str]:
+    """``djl-handlers serve model_dir`` (the package under ``root``) on 127.0.0.1; yields its base URL.
+    ``log``: where its output (front end and worker) goes; by default nowhere."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, cwd=str(root),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(log or os.devnull, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(model_dir), "--host", "127.0.0.1",
+                                 "--port", str(port)], env=env, cwd=str(root), stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     _SERVER_PIDS[url] = proc.pid
     try:
@@ -301,18 +307,25 @@ def ours_at(rev: str, model_dir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def djl(model_dir: Path) -> Iterator[str]:
-    """DJL Serving's real ModelServer (JVM + DJL's Python worker); yields its base URL."""
+def djl(model_dir: Path, version: str = "0.34", log: Path | None = None) -> Iterator[str]:
+    """DJL Serving's real ModelServer ``version`` (JVM + DJL's Python worker); yields its base URL.
+    ``log``: where its log (JVM and worker) is copied when it stops, or when it fails to start."""
     from djl_server import DjlServer
 
-    with DjlServer(model_dir) as server:
+    server = DjlServer(model_dir, version=version)
+    try:
+        server.start()
         proc = getattr(server, "_proc", None)  # the JVM; DJL's Python worker is its child
         if proc is not None:
             _SERVER_PIDS[server.url] = proc.pid
-        try:
-            yield server.url
-        finally:
-            _SERVER_PIDS.pop(server.url, None)
+        yield server.url
+    finally:
+        _SERVER_PIDS.pop(server.url, None)
+        server.stop(keep_run_dir=True)
+        if log is not None and server.log_path is not None and server.log_path.exists():
+            shutil.copyfile(server.log_path, log)
+        if server.run_dir is not None:
+            shutil.rmtree(server.run_dir, ignore_errors=True)
 
 
 def in_process_handle(model_dir: Path) -> Any:
