@@ -6,9 +6,9 @@ Both processes build their long-lived heap once (imports, the app, the model) an
 short-lived objects per request and per step. With CPython's defaults every full collection walks
 the whole start-up heap again (31,000 objects in the front end, many more in a worker that imported
 torch) and the small gen-0 threshold (700) is crossed by every burst of one step's records; measured
-on the fake engine at 64 streaming clients (docs/benchmarks.md, section 13): ~1,400 gen-0, 130 gen-1
+on the fake engine at 64 streaming clients: ~1,400 gen-0, 130 gen-1
 and 12 full collections per 20 s, 0.75 s of collector time and single pauses of 30-50 ms, which made
-the TTFT p99 tail.
+the TTFT p99 tail (what the policy below changes: docs/benchmarks.md, "What the defaults rest on").
 
 :func:`settle` runs once the heap is built (the front end before it opens its port, our worker
 after its init call, the handler after loading its model inside DJL Serving's own worker process):

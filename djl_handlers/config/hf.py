@@ -19,7 +19,8 @@ __all__ = ["DEFAULT_PREFILL_TOKENS", "HuggingFaceOptions", "read_hf_options"]
 # CPU default for its API server. Against 512 (the default before) it admits a burst of prompts in a
 # quarter of the steps, so fewer decode forwards run beside the prefill and the later decode steps run
 # at full batch: 1.31x tok/s (median of 4 alternated rounds, bf16) on the benchmark workload
-# (docs/benchmarks.md section 12). A smaller value lowers the inter-token-latency spike of a prefill step.
+# (docs/benchmarks.md, "What the defaults rest on"). A smaller value lowers the inter-token-latency spike
+# of a prefill step.
 DEFAULT_PREFILL_TOKENS = 2048
 
 QUANTIZE: tuple[str, ...] = ("bitsandbytes4", "bitsandbytes8", "gptq", "awq")

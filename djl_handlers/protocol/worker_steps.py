@@ -3,7 +3,7 @@ exchange instead of one step frame per step (no I/O here; :mod:`djl_handlers.wor
 worker's half, ``server.worker_channel`` carries the frames on the front end's event loop).
 
 With DJL's protocol the front end sends every step and the worker answers it, so each token costs a
-round trip through two processes, most of it wake-up latency (docs/benchmarks.md, section 4). Here
+round trip through two processes, most of it wake-up latency (docs/benchmarks.md, "What the defaults rest on"). Here
 the worker keeps the in-flight list itself (a :class:`.rolling.FrontEndBatch`, building exactly the
 step frames DJL's ``RollingBatch.java`` would send, so any handler DJL can drive works) and steps
 while the list is not empty; the front end only sends what changes:

@@ -15,7 +15,7 @@ drivers:
 * rolling batch with a worker that is not ours (``DJL_HANDLERS_WORKER_SCRIPT``, e.g. DJL's own
   ``djl_python_engine.py``): DJL's protocol, ``protocol.rolling.FrontEndBatch`` building every step's
   frame, the exchange on the event loop (:mod:`.loop_exchange`), step n+1 sent before step n's
-  records are delivered (docs/benchmarks.md, section 4).
+  records are delivered (docs/benchmarks.md, "What the defaults rest on").
 
 In async mode (``option.async_mode=true``) the worker runs its own engine loop: each request is sent
 alone as soon as it is taken and answered as it progresses (:mod:`.async_loop`, DJL's

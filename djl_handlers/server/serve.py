@@ -77,7 +77,8 @@ def run_server(settings: ServerSettings, host: str, port: int, grace_s: float,
     runtime = ModelRuntime(settings, log_prompts=log_prompts)
     runtime.start_worker()
     try:
-        # "auto": uvloop and httptools when installed (the server extra installs them; docs/benchmarks.md)
+        # "auto": uvloop and httptools when installed (the server extra installs them; measured in
+        # docs/benchmarks.md, "What the defaults rest on")
         config = uvicorn.Config(create_app(runtime), host=host, port=port, lifespan="on",
                                 loop=os.environ.get("DJL_HANDLERS_LOOP", "auto"),
                                 http=os.environ.get("DJL_HANDLERS_HTTP", "auto"),

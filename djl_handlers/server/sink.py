@@ -5,10 +5,11 @@ The runtime (event-loop thread) calls :meth:`ResponseSink.start`, :meth:`write`,
 and cancels the sink when the client disconnects. Status and headers are fixed by the first chunk,
 as in DJL (a rolling-batch record error before any data sets the status).
 
-Cost per chunk is kept flat (docs/benchmarks.md, server): a write appends to a list and wakes the one
-waiting consumer through a bare future (no queue, no task per chunk); the consumer sends everything
-that arrived since its last send as one HTTP chunk; a single watcher task per request turns a client
-disconnect into :meth:`ResponseSink.cancel`, which wakes the consumer.
+Cost per chunk is kept flat (docs/benchmarks.md, "Front end vs DJL Serving's ModelServer"): a write
+appends to a list and wakes the one waiting consumer through a bare future (no queue, no task per
+chunk); the consumer sends everything that arrived since its last send as one HTTP chunk; a single
+watcher task per request turns a client disconnect into :meth:`ResponseSink.cancel`, which wakes the
+consumer.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class WorkerSpec:
 #: default (300,000) made 2 torch threads 5-8x slower than 1 on a loaded 2-core box; sleeping at once
 #: (``OMP_WAIT_POLICY=PASSIVE``) wakes the partner thread late at every barrier, which made 2 threads
 #: no faster than 1 for a decode step. A short spin is 1.3x PASSIVE on free cores, and the HF engine
-#: drops to fewer threads while other processes take the cores (docs/benchmarks.md, section 11).
+#: drops to fewer threads while other processes take the cores (docs/benchmarks.md, "What the defaults rest on").
 OPENMP_SPIN_COUNT = "1000"
 
 

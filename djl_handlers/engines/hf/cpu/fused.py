@@ -4,7 +4,7 @@ A Llama-family decoder layer multiplies the same hidden states by three weights 
 and value (``q_proj``, ``k_proj``, ``v_proj``) and by two for the MLP (``gate_proj``, ``up_proj``).
 With the few rows of a decode step each GEMM is short and ends at an OpenMP barrier; one GEMM over
 the concatenated weight reads the same bytes in one call. Measured side by side on this project's
-2-core box (docs/benchmarks.md §10): those five projections take 1.9x less time at 16 rows and
+2-core box (docs/benchmarks.md, "CPU kernels"): those five projections take 1.9x less time at 16 rows and
 1.35-1.56x less at 32 rows, in fp32 and bf16.
 
 How it plugs into an unchanged HF forward: every member of a group gets a :class:`FusedMember`

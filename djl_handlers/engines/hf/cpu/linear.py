@@ -5,8 +5,9 @@
 than the caches) that reached about half the memory bandwidth here. oneDNN can reorder a weight
 once into its blocked layout (``torch.ops.mkldnn._reorder_linear_weight``) and run every later
 call on it (``torch.ops.mkldnn._linear_pointwise``) — the same pair torch's own inductor emits for
-frozen CPU graphs. Measured on this project's 2-core box (docs/benchmarks.md §8, docs/engines.md): the 210 linear
-layers of SmolLM2-135M take 1.8-2.4x less time at 16-32 rows in fp32, 1.4x in prefill, 1.2-1.7x in bf16.
+frozen CPU graphs. Measured on this project's 2-core box (docs/benchmarks.md, "What the defaults rest
+on"; docs/engines.md): the 210 linear layers of SmolLM2-135M take 1.8-2.4x less time at 16-32 rows in
+fp32, 1.4x in prefill, 1.2-1.7x in bf16.
 
 Each plain ``nn.Linear`` keeps its module, parameters and hooks (PEFT, our LoRA hooks and
 ``state_dict`` see nothing different); only its ``forward`` is replaced on the instance by a

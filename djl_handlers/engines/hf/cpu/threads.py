@@ -3,7 +3,7 @@
 A decode step on the CPU is ~250 short parallel operations, each ending at an OpenMP barrier. When
 every thread has a core the threads meet at the barrier within microseconds; when another process
 runs on one of the cores, the descheduled thread stalls its partner at every barrier and 2 threads
-are slower than 1 (docs/benchmarks.md, section 11: a bf16 decode step at 32 rows took 86-95 ms with 2
+are slower than 1 (measured on this project's 2-core box: a bf16 decode step at 32 rows took 86-95 ms with 2
 threads against 77-87 ms with 1 while one busy process shared the 2 cores; 56 against 77 ms without it).
 
 :class:`ThreadGovernor` asks the kernel: the time this process's threads spent runnable but waiting
