@@ -271,16 +271,19 @@ class InferenceService:
 
 
 def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
-    """The tokenizer's chat template as a function ``(messages, tools=None)``, or None when the
-    model has none. ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
+    """The tokenizer's chat template as a function ``(messages, tools=None, **options)``, or None
+    when the model has none; ``options`` are the template's keyword arguments a request sets
+    (``add_generation_prompt``, default true, ``continue_final_message``, ``chat_template_kwargs``).
+    ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
     tokenizer: Any = engine.tokenizer
     template = getattr(tokenizer, "chat_template", None)  # not part of the Tokenizer protocol
     if tokenizer is None or not template:
         return None
 
-    def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None) -> str:
+    def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None, **options: Any) -> str:
         extra = {"tools": tools} if tools else {}
-        return str(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra))
+        options.setdefault("add_generation_prompt", True)
+        return str(tokenizer.apply_chat_template(messages, tokenize=False, **extra, **options))
 
     texts = template.values() if isinstance(template, dict) else [template]
     render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]

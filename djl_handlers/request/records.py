@@ -93,7 +93,8 @@ class Request:
     ``tools``: the tool calls the reply may hold (None: it is text); ``response_options``: what the
     client set for its response outside ``parameters``; ``formatter_state``: owned by the request's
     formatter (None until its first call); ``legacy_id``: the ``id`` argument DJL v0.27's six-argument
-    custom formatters receive.
+    custom formatters receive. ``add_special_tokens``: whether tokenizing the prompt adds the
+    tokenizer's special tokens (None: the tokenizer's default).
     """
 
     prompt: str
@@ -108,6 +109,7 @@ class Request:
     response_options: ResponseOptions = field(default_factory=ResponseOptions)
     formatter_state: Optional[FormatterState] = None
     legacy_id: int = 0
+    add_special_tokens: Optional[bool] = None
 
     def adapter_of(self, index: int = 0) -> Optional[str]:
         """The adapter of prompt ``index`` (None: the base model)."""

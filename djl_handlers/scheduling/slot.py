@@ -56,6 +56,9 @@ class RequestSlot:
         self._hold = 0 if self._keep_stop or not self._stops else max(len(x) for x in params.stop_sequences) - 1
         self._held = ""
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
+        # as vLLM's min_tokens: no stop sequence ends the request before it has this many tokens
+        # (the engine keeps eos from being chosen until then)
+        self._min_tokens = params.min_new_tokens
         self._prompt_ids = prompt_ids
         self._tokenizer = tokenizer
         self._top_n = params.top_n_tokens
@@ -146,7 +149,7 @@ class RequestSlot:
         last = self.output.tokens[-1].text
         if self._stops and last:
             match = self._stops.push(last)
-            if match is not None:
+            if match is not None and len(self.output.tokens) >= self._min_tokens:
                 end = match.end if self._keep_stop else len(self._held) + match.end - len(match.sequence)
                 self._replace_last_text((self._held + last)[:end] if not self._keep_stop else last[:end])
                 self._held = ""
@@ -209,9 +212,14 @@ class RequestSlot:
 
 
 def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = None) -> list[int]:
-    """Token ids of the request's prompt, truncated by ``parameters.truncate`` (keeping the end)
-    and checked against the model's context length."""
-    ids = list(engine.tokenizer.encode(request.prompt if prompt is None else prompt))
+    """Token ids of the request's prompt (with the tokenizer's special tokens unless the request
+    says otherwise), truncated by ``parameters.truncate`` (keeping the end) and checked against the
+    model's context length."""
+    text = request.prompt if prompt is None else prompt
+    if request.add_special_tokens is None:
+        ids = list(engine.tokenizer.encode(text))
+    else:
+        ids = list(engine.tokenizer.encode(text, add_special_tokens=request.add_special_tokens))
     truncate = request.params.truncate
     if truncate is not None and len(ids) > truncate:
         ids = ids[-truncate:]

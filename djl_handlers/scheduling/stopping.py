@@ -34,11 +34,13 @@ class StopSequenceMatcher:
 
     def push(self, text: str) -> Optional[StopMatch]:
         """Add the next piece of generated text; on a match, ``end`` is the position in ``text``
-        just after the earliest stop sequence (the rest of ``text`` is past the stop)."""
+        just after the earliest stop sequence (the rest of ``text`` is past the stop). Only a stop
+        sequence that ends inside ``text`` matches (one seen before and passed over, e.g. before
+        ``min_new_tokens``, does not match again)."""
         window = self._tail + text
         best: Optional[StopMatch] = None
         for seq in self._sequences:
-            pos = window.find(seq)
+            pos = window.find(seq, max(0, len(self._tail) - len(seq) + 1))
             if pos >= 0 and (best is None or pos + len(seq) < best.end):
                 best = StopMatch(seq, pos + len(seq))
         self._tail = window[max(0, len(window) - self._keep) :] if self._keep else ""

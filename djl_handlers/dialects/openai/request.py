@@ -2,21 +2,27 @@
 
 ``openai_request`` turns one chat or completions item into a ``Request``: the LoRA adapter chosen
 by ``adapters``, the SageMaker header or ``model``, then ``chat_to_lmi`` / ``completion_to_lmi``,
-which validate the OpenAI fields and return the prompt plus an
-LMI ``parameters`` dict (validated afterwards by ``GenerationParameters.from_dict`` like any
-request), the formatter name, the ``ResponseOptions`` the OpenAI formatters read (``model``,
-``logprobs``, ``top_logprobs``, ``stream_options.include_usage``) and the ``ToolPlan``.
+which validate the fields and return the prompt plus an LMI ``parameters`` dict (validated
+afterwards by ``GenerationParameters.from_dict`` like any request), the formatter name, the
+``ResponseOptions`` the OpenAI formatters read (``model``, ``logprobs``, ``top_logprobs``,
+``stream_options.include_usage``) and the ``ToolPlan``.
+
+Which fields are accepted and what becomes of each — OpenAI's own and vLLM's extras
+(``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``stop_token_ids``, ``chat_template_kwargs``,
+...) — is the table in :mod:`djl_handlers.dialects.openai.fields`. An error about a field names the
+field as the client spelled it, also when its LMI parameter refused it (``ignore_eos``, not
+``ignore_eos_token``).
 
 Rules (documented in docs/schema.md): ``temperature`` defaults to 1.0 and 0 means greedy, as
 OpenAI; ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``n`` and ``best_of``
-must be 1; fields that ask for features we do not have (suffix, audio, ...) are rejected with a
-400 naming them; bookkeeping fields (``user``, ``metadata``, ``store``) are accepted and ignored.
+must be 1; fields that ask for features we do not have (suffix, audio, beam search, ...) are
+accepted only at their default value, else rejected with a 400 naming them.
 
 Structured output (docs/structured-output.md): ``response_format`` (``text``, ``json_object``,
-``json_schema``) and vLLM's extra fields ``guided_json``/``guided_regex``/``guided_choice``/
-``guided_grammar``/``guided_json_object`` become the LMI ``guided_*`` parameters. Tool calling
-(chat): ``tools``/``tool_choice``/``parallel_tool_calls`` are handled by
-:mod:`djl_handlers.dialects.openai.tools`; forced calls become a ``guided_json`` constraint.
+``json_schema``), vLLM's ``structured_outputs`` object and its older top-level
+``guided_json``/``guided_regex``/``guided_choice``/``guided_grammar``/``guided_json_object`` become
+the LMI ``guided_*`` parameters. Tool calling (chat): ``tools``/``tool_choice``/``parallel_tool_calls``
+are handled by :mod:`djl_handlers.dialects.openai.tools`; forced calls become a ``guided_json`` constraint.
 """
 
 from __future__ import annotations
@@ -25,21 +31,37 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from djl_handlers.dialects.openai.fields import (
+    CHAT,
+    COMPLETION,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_ONLY,
+    FIELDS,
+    MAX_COMPLETION_LOGPROBS,
+    MAX_TEMPERATURE,
+    MAX_TOP_LOGPROBS,
+    PARAMETER,
+    allowed,
+)
 from djl_handlers.dialects.openai.tools import check_messages, parse_tools, render_messages
-from djl_handlers.errors import InvalidParameter, InvalidRequest
+from djl_handlers.errors import DjlHandlersError, InvalidParameter, InvalidRequest
 from djl_handlers.lora.selection import openai_adapter, select_adapters
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.parser import ChatTemplate, ParserSettings, check_text, generation_parameters
 from djl_handlers.request.records import Request, ResponseOptions, ToolPlan
 
-DEFAULT_MAX_TOKENS = 256
-IGNORED = ("user", "metadata", "store", "service_tier", "logit_bias")
+__all__ = ["CHAT_KEYS", "COMPLETION_KEYS", "DEFAULT_MAX_TOKENS", "OpenAIRequest", "chat_to_lmi",
+           "completion_to_lmi", "openai_request", "response_format"]
+
+CHAT_KEYS = allowed(CHAT)
+COMPLETION_KEYS = allowed(COMPLETION)
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_json_object")
-COMMON = ("model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
-          "stream", "stream_options", "frequency_penalty", "presence_penalty", "logprobs", "top_k",
-          "repetition_penalty", "response_format", *GUIDED)
-CHAT_KEYS = frozenset((*COMMON, *IGNORED, "messages", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"))
-COMPLETION_KEYS = frozenset((*COMMON, *IGNORED, "prompt", "echo", "best_of"))
+# LMI parameter -> the OpenAI field that sets it, where the names differ (for error messages)
+_BODY_NAMES = {f.parameter: f.name for f in FIELDS[CHAT].values() if f.parameter and f.parameter != f.name}
+_BODY_NAMES["max_new_tokens"] = "max_tokens"
+# keys chat_template_kwargs may not set: the call's own arguments, set by the fields that own them
+_TEMPLATE_RESERVED = frozenset({"conversation", "messages", "tools", "tokenize", "return_dict", "chat_template",
+                                "add_generation_prompt", "continue_final_message", "documents"})
 
 
 @dataclass
@@ -52,6 +74,7 @@ class OpenAIRequest:
     formatter: str
     options: ResponseOptions = field(default_factory=ResponseOptions)
     tools: Optional[ToolPlan] = None  # set when the reply may be a tool call
+    add_special_tokens: Optional[bool] = None  # None: the tokenizer's default
 
 
 def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *, chat: bool) -> Request:
@@ -62,19 +85,22 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
         by_model = openai_adapter(body.get("model"), settings.adapters)
         adapters = (by_model,) if by_model else ()
     req = chat_to_lmi(rest, settings.chat_template) if chat else completion_to_lmi(rest)
-    gen = generation_parameters(item, req.parameters, settings)
+    try:
+        gen = generation_parameters(item, req.parameters, settings)
+    except InvalidParameter as exc:
+        raise _in_body_terms(exc) from None
     options = req.options
     if adapters and adapters[0]:
         options = replace(options, model=adapters[0])  # the response names the adapter that answered
     return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
                    inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
                    properties=dict(item.get_properties()), adapters=adapters, tools=req.tools,
-                   response_options=options)
+                   response_options=options, add_special_tokens=req.add_special_tokens)
 
 
 def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> OpenAIRequest:
     """Validate a ``/v1/chat/completions`` body and render its messages with the chat template."""
-    _reject_unknown(body, CHAT_KEYS)
+    _check_fields(body, CHAT)
     messages = check_messages(body.get("messages"), check_text)
     plan = parse_tools(body)
     if chat_template is None:
@@ -83,27 +109,69 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> 
             field="messages",
         )
     rendered, tools = render_messages(messages, plan, bool(getattr(chat_template, "reads_tools", False)))
-    prompt = chat_template(rendered, tools=tools) if tools else chat_template(rendered)
-    logprobs = _bool(body.get("logprobs", False), "logprobs")
+    prompt = render_chat(chat_template, rendered, tools, template_options(body))
+    logprobs = _bool(body.get("logprobs"), "logprobs", False)
     top = body.get("top_logprobs")
-    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20):
-        raise InvalidParameter("top_logprobs must be an integer in [0, 20]", field="top_logprobs")
-    stream = _bool(body.get("stream", False), "stream")
+    if top is not None and not _int_in(top, 0, MAX_TOP_LOGPROBS):
+        raise InvalidParameter(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", field="top_logprobs")
+    stream = _bool(body.get("stream"), "stream", False)
     options = _options(body, logprobs=logprobs, top_logprobs=top or 0)
-    params = _common_parameters(body)
+    params = _common_parameters(body, CHAT)
+    special = _optional_bool(body, "add_special_tokens")
     if plan.schema is not None:
         if any(k.startswith("guided_") for k in params):
             raise InvalidParameter("a forced tool call (tool_choice) cannot be combined with response_format "
                                    "or guided_* constraints", field="tool_choice")
         params["guided_json"] = plan.schema
     if plan.may_call:
-        return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", options, plan)
-    return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", options)
+        return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", options, plan,
+                             add_special_tokens=special)
+    return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", options,
+                         add_special_tokens=special)
+
+
+def template_options(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat template's keyword arguments a chat body sets: ``add_generation_prompt`` (default
+    true; false with ``continue_final_message``), ``continue_final_message`` and
+    ``chat_template_kwargs`` — only those that differ from a plain render."""
+    extra = body.get("chat_template_kwargs")
+    if extra is not None and not isinstance(extra, dict):
+        raise InvalidParameter("chat_template_kwargs must be an object", field="chat_template_kwargs")
+    reserved = sorted(set(extra or {}) & _TEMPLATE_RESERVED)
+    if reserved:
+        raise InvalidParameter(f"chat_template_kwargs may not set {reserved}", field="chat_template_kwargs")
+    options: dict[str, Any] = dict(extra or {})
+    cont = _bool(body.get("continue_final_message"), "continue_final_message", False)
+    generation = _optional_bool(body, "add_generation_prompt")
+    if cont and generation:
+        raise InvalidParameter("continue_final_message and add_generation_prompt cannot both be true",
+                               field="continue_final_message")
+    if cont:
+        options["continue_final_message"] = True
+        generation = False
+    if generation is False:
+        options["add_generation_prompt"] = False
+    return options
+
+
+def render_chat(template: ChatTemplate, messages: list[dict[str, Any]], tools: Any, options: dict[str, Any]) -> str:
+    """The prompt the model's chat template makes of ``messages``; a template that fails on the
+    client's conversation (a Jinja ``raise_exception``, an option it does not take) is a 400."""
+    kwargs = dict(options)
+    if tools:
+        kwargs["tools"] = tools
+    try:
+        return str(template(messages, **kwargs))
+    except DjlHandlersError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the model's template refused the client's messages
+        where = "chat_template_kwargs" if options and isinstance(exc, TypeError) else "messages"
+        raise InvalidRequest(f"the model's chat template cannot render these messages: {exc}", field=where) from None
 
 
 def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
     """Validate a ``/v1/completions`` body."""
-    _reject_unknown(body, COMPLETION_KEYS)
+    _check_fields(body, COMPLETION)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -113,59 +181,83 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
     if body.get("best_of") not in (None, 1):
         raise InvalidParameter("best_of must be 1 (one sequence per request)", field="best_of")
     logprobs = body.get("logprobs")
-    if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= 5):
-        raise InvalidParameter("logprobs must be an integer in [0, 5]", field="logprobs")
-    params = _common_parameters(body)
-    if _bool(body.get("echo", False), "echo"):
+    if logprobs is not None and not _int_in(logprobs, 0, MAX_COMPLETION_LOGPROBS):
+        raise InvalidParameter(f"logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}]", field="logprobs")
+    params = _common_parameters(body, COMPLETION)
+    if _bool(body.get("echo"), "echo", False):
         params["return_full_text"] = True
-    stream = _bool(body.get("stream", False), "stream")
+    stream = _bool(body.get("stream"), "stream", False)
     options = _options(body, logprobs=logprobs)
-    return OpenAIRequest(prompt, params, stream, "completion_sse" if stream else "completion_json", options)
+    return OpenAIRequest(prompt, params, stream, "completion_sse" if stream else "completion_json", options,
+                         add_special_tokens=_optional_bool(body, "add_special_tokens"))
 
 
-def _common_parameters(body: dict[str, Any]) -> dict[str, Any]:
+def _common_parameters(body: dict[str, Any], api: str) -> dict[str, Any]:
     if body.get("n") not in (None, 1):
         raise InvalidParameter("n must be 1 (one choice per request)", field="n")
     params: dict[str, Any] = {}
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-        raise InvalidParameter(f"{key} must be a positive integer, got {json.dumps(max_tokens)}", field=key)
+    if max_tokens is not None and not _int_in(max_tokens, 1, None):
+        raise InvalidParameter(f"{key} must be a positive integer, got {_show(max_tokens)}", field=key)
     params["max_new_tokens"] = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
     temperature = body.get("temperature")
     temperature = 1.0 if temperature is None else temperature
     if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-        if not 0 <= temperature <= 2:
-            raise InvalidParameter(f"temperature must be in [0, 2], got {temperature}", field="temperature")
+        if not 0 <= temperature <= MAX_TEMPERATURE:
+            raise InvalidParameter(f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {temperature}",
+                                   field="temperature")
         if temperature > 0:
             params.update(do_sample=True, temperature=temperature)
     else:
-        raise InvalidParameter(f"temperature must be a number, got {json.dumps(temperature)}", field="temperature")
-    for key in ("top_p", "seed", "top_k", "repetition_penalty"):
-        if body.get(key) is not None:
-            params[key] = body[key]
-    for key in ("frequency_penalty", "presence_penalty"):
-        if body.get(key) not in (None, 0, 0.0):
-            params[key] = body[key]
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None:
-        params["stop_sequences"] = stop
+        raise InvalidParameter(f"temperature must be a number, got {_show(temperature)}", field="temperature")
+    for spec in FIELDS[api].values():
+        if spec.handling == PARAMETER and body.get(spec.name) is not None:
+            assert spec.parameter is not None
+            params[spec.parameter] = body[spec.name]
     params.update(_structured(body))
     return params
 
 
+def _in_body_terms(exc: InvalidParameter) -> InvalidParameter:
+    """``exc`` (raised by ``GenerationParameters``) naming the OpenAI field the client sent
+    (``ignore_eos``) instead of the LMI parameter it set (``parameters.ignore_eos_token``)."""
+    message = exc.message
+    for lmi in sorted({exc.field or "", *_BODY_NAMES}, key=len, reverse=True):
+        if lmi:
+            name = _BODY_NAMES.get(lmi, lmi)
+            message = message.replace(f"parameters.{lmi}", name).replace(f"parameter {lmi} ", f"field {name} ")
+    field_name = _BODY_NAMES.get(exc.field or "", exc.field)
+    return type(exc)(message, field=field_name)
+
+
 def _structured(body: dict[str, Any]) -> dict[str, Any]:
-    """``response_format`` and vLLM's top-level ``guided_*`` fields as LMI parameters (one at most)."""
+    """``response_format``, vLLM's ``structured_outputs`` and its top-level ``guided_*`` fields as
+    LMI parameters (one at most; ``GenerationParameters`` checks each value)."""
     params = response_format(body.get("response_format"))
-    for key in GUIDED:
-        if body.get(key) is not None:
-            if params:
-                raise InvalidParameter(f"{key} cannot be combined with response_format or another guided_* field",
-                                       field=key)
-            params[key] = body[key]
+    given = [key for key in GUIDED if body.get(key) is not None]
+    outputs = structured_outputs(body.get("structured_outputs"))
+    for key in (*given, *outputs):
+        if params or (key in outputs and given):
+            raise InvalidParameter(f"{key} cannot be combined with response_format, structured_outputs or "
+                                   "another guided_* field", field=key if key in given else "structured_outputs")
+        params[key] = outputs.get(key, body.get(key))
     return params
+
+
+def structured_outputs(value: Any) -> dict[str, Any]:
+    """vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``,
+    ``json_object``: exactly one) as an LMI ``guided_*`` parameter."""
+    if value is None:
+        return {}
+    kinds = ("json", "regex", "choice", "grammar", "json_object")
+    if not isinstance(value, dict) or set(value) - set(kinds):
+        raise InvalidParameter(f"structured_outputs must be an object with one of {list(kinds)}",
+                               field="structured_outputs")
+    found = {f"guided_{k}": v for k, v in value.items() if v is not None and v is not False}
+    if len(found) != 1:
+        raise InvalidParameter(f"structured_outputs must set exactly one of {list(kinds)}", field="structured_outputs")
+    return found
 
 
 def response_format(value: Any) -> dict[str, Any]:
@@ -202,13 +294,46 @@ def _options(body: dict[str, Any], logprobs: Optional[bool | int], top_logprobs:
                            include_usage=bool(stream_options and stream_options.get("include_usage")))
 
 
-def _reject_unknown(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    unknown = sorted(set(body) - allowed)
+def _check_fields(body: dict[str, Any], api: str) -> None:
+    """400 naming the first field the ``api`` route does not accept, or a ``default_only`` field
+    (a feature we do not have) set to anything but its default."""
+    fields = FIELDS[api]
+    unknown = sorted(set(body) - set(fields))
     if unknown:
         raise InvalidRequest(f"unsupported field(s) {unknown}", field=unknown[0])
+    for name, value in body.items():
+        spec = fields[name]
+        if spec.handling == DEFAULT_ONLY and value is not None and not _same(value, spec.default):
+            default = "" if spec.default is None else f" (only its default, {json.dumps(spec.default)})"
+            raise InvalidParameter(f"{name} is not supported{default}, got {_show(value)}", field=name)
 
 
-def _bool(value: Any, name: str) -> bool:
+def _same(value: Any, default: Any) -> bool:
+    return type(value) is type(default) and value == default
+
+
+def _int_in(value: Any, low: int, high: Optional[int]) -> bool:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return ok and (high is None or value <= high)
+
+
+def _bool(value: Any, name: str, default: bool) -> bool:
+    """A JSON boolean; ``null`` (or absent) is ``default``."""
+    if value is None:
+        return default
     if not isinstance(value, bool):
-        raise InvalidParameter(f"{name} must be true or false, got {json.dumps(value)}", field=name)
+        raise InvalidParameter(f"{name} must be true or false, got {_show(value)}", field=name)
     return value
+
+
+def _optional_bool(body: dict[str, Any], name: str) -> Optional[bool]:
+    value = body.get(name)
+    return None if value is None else _bool(value, name, False)
+
+
+def _show(value: Any) -> str:
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
