@@ -40,7 +40,7 @@ def _inputs(rows: int, heads: int, kv_heads: int, width: int, dim: int, dtype: A
             slab: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     """query [rows, heads, dim] as HF passes it (a [B, 1, H, D] tensor transposed, column 0 taken);
     key/value [rows, kv_heads, width, dim] as views into a bigger slab (spare rows and columns on
-    both sides, like hf_batch.SlabLayer) or contiguous."""
+    both sides, like engines/hf/batch.py's SlabLayer) or contiguous."""
     gen = torch.Generator().manual_seed(seed)
     query = torch.randn(rows, 1, heads, dim, generator=gen).to(dtype).transpose(1, 2)[:, :, 0]
     if not slab:
