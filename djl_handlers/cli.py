@@ -1,7 +1,7 @@
 """``djl-handlers``: serve a model directory locally, check it, or run one request in process.
 
 * ``djl-handlers serve [MODEL_DIR] [--host 127.0.0.1] [--port 8080] [--grace 30] [--log-format text|json]
-  [--log-prompts]``
+  [--log-prompts] [--api-key KEY] [--protect-probes] [--allowed-origins O1,O2]``
 * ``djl-handlers check MODEL_DIR`` — properties parse, entry point imports, configuration builds;
   prints the resolved configuration as JSON; exit 0 or 1.
 * ``djl-handlers generate MODEL_DIR '<json>' [--stream]`` — init call + one request driven exactly
@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--grace", type=float, default=30.0, help="seconds to drain on SIGTERM")
     serve.add_argument("--log-format", choices=("text", "json"), default="text",
                        help="log lines as text or as JSON objects (one per line)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (default: env DJL_HANDLERS_API_KEY; none)")
+    serve.add_argument("--protect-probes", action="store_true",
+                       help="with an API key, require it on /health, /ping and /metrics too")
+    serve.add_argument("--allowed-origins", default="",
+                       help="comma-separated origins allowed by CORS ('*' for any); default: CORS off")
     serve.add_argument("--log-prompts", action="store_true",
                        help="include the prompt in the finished-request log line (off: never logged)")
     check = sub.add_parser("check", help="validate a model directory and print its configuration")
@@ -95,10 +101,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"djl-handlers: serving {settings.model_name} at http://{host}:{port}", flush=True)
 
     try:
-        return run_server(settings, args.host, args.port, args.grace, listening, log_prompts=args.log_prompts)
+        return run_server(settings, args.host, args.port, args.grace, listening, log_prompts=args.log_prompts,
+                          access=_access(args))
     except StartupError as exc:
         print(f"djl-handlers: cannot start {settings.model_name}: {exc}", file=sys.stderr)
         return 1
+
+
+def _access(args: argparse.Namespace) -> Any:
+    """The server's access rules from the flags (the key also from env ``DJL_HANDLERS_API_KEY``)."""
+    from djl_handlers.server.access import API_KEY_ENV, AccessSettings
+
+    origins = tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip())
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    return AccessSettings(api_key=key or None, protect_probes=args.protect_probes, allowed_origins=origins)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,11 @@
   ``Request.addResponse`` reads only ``data``/``last``/``code``/``error`` and skips the rest, whereas
   an Output property would become an HTTP header).
 
+- ``QUERY_HANDLER``: a handler function name (the ``handler`` property of a call, as DJL's adapter
+  calls name theirs) that the local server calls outside inference for its ``/tokenize``,
+  ``/detokenize``, ``/info`` and ``/v1/models`` routes; property ``op`` names the question
+  (:mod:`djl_handlers.queries`). DJL's front end never calls it.
+
 DJL's own names reused here (not extensions): property ``requestId`` (DJL's front end adds it to
 every request's Input), record key ``step_token_num`` (DJL's Python rolling batch writes it) and, in
 async mode, property ``request_tracking_id`` (DJL's ``AsyncRequestManager`` tags every request and
@@ -33,6 +38,7 @@ API_PROPERTY = "X-Djl-Handlers-Api"
 STATS_RECORD_KEY = "djl_handlers_stats"
 ENGINE_STATS_PROPERTY = "djl_handlers_engine_stats"
 ENGINE_STATS_EVERY_STEPS = 16
+QUERY_HANDLER = "djl_handlers_query"
 
 REQUEST_ID_PROPERTY = "requestId"  # DJL 0.34's front end: Input property carrying x-request-id
 STEP_TOKENS_KEY = "step_token_num"  # DJL's Python rolling batch: tokens this step added

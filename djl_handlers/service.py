@@ -197,6 +197,19 @@ class InferenceService:
             return _as_async_reply(out)
         return out
 
+    # -- queries outside inference (djl_handlers' extension: the local server's tokenize/info routes)
+    def query(self, inputs: Any) -> Any:
+        """Answer a ``djl_handlers_query`` call: the model's facts, tokenize, detokenize
+        (:mod:`djl_handlers.queries`)."""
+        from djl_handlers.queries import answer_query
+
+        if not self.initialized:
+            self.initialize(inputs.get_properties())
+        out = answer_query(self, inputs)
+        if self.async_mode is not None:
+            return _as_async_reply(out)
+        return out
+
     def _adapters_in_use(self) -> list[Optional[str]]:
         if self.async_mode is not None:
             return [name for request in self.async_mode.in_flight() for name in request.adapters]
@@ -361,6 +374,18 @@ class LazyService:
         if self._service is None:
             self._service = InferenceService(self.engine_name)
         return self._service.adapter_call(kind, inputs)
+
+    def query_point(self) -> Callable[[Any], Any]:
+        """The entry-point module's ``djl_handlers_query`` function (``extensions.QUERY_HANDLER``):
+        the local server's questions outside inference (model facts, tokenize, detokenize)."""
+
+        def djl_handlers_query(inputs: Any) -> Any:
+            """djl_handlers' query call (DJL never makes it): see :mod:`djl_handlers.queries`."""
+            if self._service is None:
+                self._service = InferenceService(self.engine_name)
+            return self._service.query(inputs)
+
+        return djl_handlers_query
 
     def entry_points(self) -> tuple[Callable[[Any], Any], ...]:
         """The functions an entry-point module exposes, by the names DJL calls:

@@ -11,3 +11,4 @@ from djl_handlers.service import LazyService
 _service = LazyService("tensorrt_llm")
 
 handle, register_adapter, update_adapter, unregister_adapter = _service.entry_points()
+djl_handlers_query = _service.query_point()  # the local server's tokenize/info routes (djl_handlers only)

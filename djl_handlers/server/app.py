@@ -26,10 +26,13 @@ from starlette.routing import Route
 from djl_handlers.extensions import API_PROPERTY, REQUEST_ID_PROPERTY
 from djl_handlers.io import wire
 from djl_handlers.protocol.messages import WorkerRequest
+from djl_handlers.server.access import AccessSettings, access_middleware
 from djl_handlers.server.adapters import adapter_routes
+from djl_handlers.server.peer_routes import peer_routes
 from djl_handlers.server.request_id import RequestIdMiddleware
 from djl_handlers.server.runtime import ModelRuntime, QueueFull, ShuttingDown
 from djl_handlers.server.sink import BODY_SEND_KEY, SinkResponse, error_json
+from djl_handlers.server.worker_queries import QueryUnavailable
 
 __all__ = ["RequestRejected", "create_app", "to_worker_request"]
 
@@ -103,6 +106,14 @@ async def to_worker_request(request: Request, api: str | None = None) -> WorkerR
     return WorkerRequest(properties, content)
 
 
+async def _query_body(request: Request) -> bytes:
+    """A query route's body, within the same limit (413 as :class:`QueryUnavailable`)."""
+    try:
+        return await _body(request)
+    except RequestRejected as exc:
+        raise QueryUnavailable(exc.code, exc.kind, exc.message) from None
+
+
 class _Endpoints:
     """The route handlers for one model runtime."""
 
@@ -164,8 +175,9 @@ class _Endpoints:
         return Response(body, headers={"content-type": content_type})
 
 
-def create_app(runtime: ModelRuntime) -> Starlette:
-    """The ASGI app for one model runtime (the worker must already be started)."""
+def create_app(runtime: ModelRuntime, access: AccessSettings | None = None) -> Starlette:
+    """The ASGI app for one model runtime (the worker must already be started); ``access``: the
+    API key and CORS rules (:mod:`.access`; none by default)."""
     ep = _Endpoints(runtime)
 
     @contextlib.asynccontextmanager
@@ -191,8 +203,10 @@ def create_app(runtime: ModelRuntime) -> Starlette:
         Route("/generate_stream", ep.routed("tgi_stream"), methods=["POST"]),
         Route("/", ep.routed("tgi"), methods=["POST"]),
         *adapter_routes(runtime),  # DJL's adapter management API (server/adapters.py)
+        *peer_routes(runtime, _query_body),  # /v1/models, /health, /info, /tokenize, /detokenize
     ]
-    return _App(routes=routes, lifespan=lifespan, middleware=[Middleware(RequestIdMiddleware)])
+    middleware = [Middleware(RequestIdMiddleware), *access_middleware(access)]
+    return _App(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 class _App(Starlette):

@@ -18,6 +18,7 @@ from types import FrameType
 import uvicorn
 
 from djl_handlers.heap import settle
+from djl_handlers.server.access import AccessSettings
 from djl_handlers.server.app import create_app
 from djl_handlers.server.runtime import ModelRuntime
 from djl_handlers.server.settings import ServerSettings
@@ -70,16 +71,18 @@ class DrainingServer(uvicorn.Server):
 
 
 def run_server(settings: ServerSettings, host: str, port: int, grace_s: float,
-               on_listening: Callable[[str, int], None] | None = None, log_prompts: bool = False) -> int:
+               on_listening: Callable[[str, int], None] | None = None, log_prompts: bool = False,
+               access: AccessSettings | None = None) -> int:
     """Start the worker, serve until a signal, return the exit status (StartupError propagates).
 
-    ``log_prompts`` adds the prompt to each finished-request log line (``--log-prompts``)."""
+    ``log_prompts`` adds the prompt to each finished-request log line (``--log-prompts``);
+    ``access``: API key and CORS (``--api-key``, ``--protect-probes``, ``--allowed-origins``)."""
     runtime = ModelRuntime(settings, log_prompts=log_prompts)
     runtime.start_worker()
     try:
         # "auto": uvloop and httptools when installed (the server extra installs them; measured in
         # docs/benchmarks.md, "What the defaults rest on")
-        config = uvicorn.Config(create_app(runtime), host=host, port=port, lifespan="on",
+        config = uvicorn.Config(create_app(runtime, access), host=host, port=port, lifespan="on",
                                 loop=os.environ.get("DJL_HANDLERS_LOOP", "auto"),
                                 http=os.environ.get("DJL_HANDLERS_HTTP", "auto"),
                                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)

@@ -106,9 +106,16 @@ def usage(out: RequestOutput) -> dict[str, int]:
 
 def openai_error(out: RequestOutput) -> dict[str, Any]:
     """Nested OpenAI error object (vLLM >= 0.10.1 layout)."""
-    code = error_code(out)
-    kind = "invalid_request_error" if 400 <= code < 500 and code != 424 else "server_error"
-    return {"error": {"message": error_message(out), "type": kind, "param": None, "code": code}}
+    return openai_error_object(error_code(out), error_message(out))
+
+
+def openai_error_object(code: int, message: str, param: Optional[str] = None,
+                        kind: Optional[str] = None) -> dict[str, Any]:
+    """The OpenAI error body for status ``code``: ``type`` ``invalid_request_error`` for a refused
+    request (4xx but DJL's 424), else ``server_error`` (or ``kind``); ``param`` names the field."""
+    if kind is None:
+        kind = "invalid_request_error" if 400 <= code < 500 and code != 424 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 # --------------------------------------------------------------------------- logprobs

@@ -65,9 +65,14 @@ def tgi_seed(out: RequestOutput) -> Optional[int]:
 def tgi_error(out: RequestOutput) -> dict[str, Any]:
     """TGI's error object: ``error_type`` ``validation`` for a request the server refused (4xx but
     DJL's 424), ``generation`` for a failed generation."""
-    code = error_code(out)
-    kind = "validation" if 400 <= code < 500 and code != 424 else "generation"
-    return {"error": error_message(out), "error_type": kind}
+    return tgi_error_object(error_code(out), error_message(out))
+
+
+def tgi_error_object(code: int, message: str, kind: Optional[str] = None) -> dict[str, Any]:
+    """TGI's error body for status ``code`` (``error_type`` ``kind`` when given)."""
+    if kind is None:
+        kind = "validation" if 400 <= code < 500 and code != 424 else "generation"
+    return {"error": message, "error_type": kind}
 
 
 class TgiFormatter(Formatter):

@@ -50,3 +50,8 @@ _SERVICE = InferenceService("huggingface", engine_factory=_engine)
 def handle(inputs: Any) -> Any:
     """DJL's entry point."""
     return _SERVICE.handle(inputs)
+
+
+def djl_handlers_query(inputs: Any) -> Any:
+    """djl_handlers' query call (model facts, tokenize, detokenize) for the local server's routes."""
+    return _SERVICE.query(inputs)
