@@ -20,12 +20,13 @@ setup-vllm:
 lint:
 	.venv/bin/ruff check djl_handlers tests benchmarks
 	.venv/bin/mypy
+	.venv/bin/lint-imports
 
 bench:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks $(or $(BENCH),all)
 
 serve-djl: setup
-	.venv/bin/python tests/djl_serving/djl_server.py $(or $(MODEL_DIR),serving.properties.examples/hf-rolling-batch)
+	.venv/bin/python tests/djl_serving/djl_server.py --version $(or $(DJL_VERSION),0.34) $(or $(MODEL_DIR),serving.properties.examples/hf-rolling-batch)
 
 robustness:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.robustness
