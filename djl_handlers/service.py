@@ -18,7 +18,6 @@ from djl_handlers.async_mode import AsyncMode, record_output
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.dialects.dispatch import parse_request
 from djl_handlers.dialects.registry import error_formatter
-from djl_handlers.lora.management import AdapterManager, lora_disabled_output
 from djl_handlers.engines.base import Engine
 from djl_handlers.errors import DjlHandlersError, error_body
 from djl_handlers.extensions import (
@@ -30,6 +29,7 @@ from djl_handlers.extensions import (
 )
 from djl_handlers.heap import in_djl_worker, settle
 from djl_handlers.io.compat import new_output
+from djl_handlers.lora.management import AdapterManager, lora_disabled_output
 from djl_handlers.request.parser import ParserSettings
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.dynamic import FormattedBody, run_dynamic_batch, stream_dynamic_request
