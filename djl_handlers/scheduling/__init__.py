@@ -1,1 +1,1 @@
-"""djl_handlers.scheduling"""
+"""Rolling and dynamic batches over an engine: DJL's slot protocol, stopping criteria, incremental detokenizing."""
