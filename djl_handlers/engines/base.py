@@ -21,13 +21,18 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EngineRequest:
     """A request as an engine sees it: token ids of the (already truncated) prompt; ``adapter``: the
-    registered LoRA adapter to apply (None: the base model)."""
+    registered LoRA adapter to apply (None: the base model). ``sample_ids``: the ids of the request's
+    further samples (``n``/``best_of`` > 1; ``request_id`` is sample 0): the engine prefills the
+    prompt once and decodes one sequence per id, seeded per sample (``params.samples.sample_seed``);
+    outputs and ``release`` name each sample by its own id. Only engines whose parameter support
+    table accepts ``n``/``best_of`` get any."""
 
     request_id: int
     prompt_ids: Sequence[int]
     params: GenerationParameters
     prompt: str = ""
     adapter: Optional[str] = None
+    sample_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

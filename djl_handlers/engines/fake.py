@@ -1,7 +1,8 @@
 """A deterministic engine with a byte-level tokenizer, for tests, docs and examples.
 
 It needs no ML library. Every request answers with the bytes of a fixed text (cycled), so
-outputs are predictable; sampling with a seed picks a per-seed rotation of that text. Control
+outputs are predictable; sampling with a seed picks a per-seed rotation of that text (the samples
+of an ``n``/``best_of`` request: one rotation per sample seed). Control
 markers inside the prompt exercise error paths:
 
 - ``<eos@N>``: emit the eos token as the N-th generated token;
@@ -14,10 +15,12 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.errors import InvalidParameter
+from djl_handlers.params.samples import check_samples, sample_seed
 from djl_handlers.params.translate import is_sampling
 
 REPLY = "The quick brown fox jumps over the lazy dog. "
@@ -83,7 +86,9 @@ class FakeEngine:
         return cls(max_model_len=int(raw.get("max_model_len", 2048)), reply=raw.get("fake_reply", REPLY))
 
     def check_parameters(self, params: Any) -> None:
-        """The fake engine cannot constrain its canned reply: structured output is a 400."""
+        """The fake engine cannot constrain its canned reply: structured output is a 400; several
+        samples need sampling."""
+        check_samples(params)
         constraint = params.structured_output
         if constraint is not None:
             raise InvalidParameter(
@@ -93,12 +98,14 @@ class FakeEngine:
     def add_request(self, request: EngineRequest) -> None:
         self.check_parameters(request.params)
         marks = {k: int(v) for k, v in _MARK.findall(request.prompt)}
-        reply = self._reply
         params = request.params
-        if is_sampling(params):
-            shift = random.Random(params.seed).randrange(len(reply))
-            reply = reply[shift:] + reply[:shift]
-        self._rows[request.request_id] = _Row(request, reply, marks.get("eos"), marks.get("fail"))
+        for index, request_id in enumerate((request.request_id, *request.sample_ids)):
+            reply = self._reply
+            if is_sampling(params):
+                shift = random.Random(sample_seed(params.seed, index)).randrange(len(reply))
+                reply = reply[shift:] + reply[:shift]
+            sample = replace(request, request_id=request_id, sample_ids=())
+            self._rows[request_id] = _Row(sample, reply, marks.get("eos"), marks.get("fail"))
 
     def step(self) -> list[StepOutput]:
         self.steps += 1

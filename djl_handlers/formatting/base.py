@@ -10,6 +10,8 @@ from djl_handlers.request.records import RequestOutput
 
 # Error code used when a failed request carries none (DJL's rolling-batch failure code).
 DEFAULT_ERROR_CODE = 424
+# Formatter.samples: how a format answers a request with several samples (n/best_of > 1)
+SAMPLES_NONE, SAMPLES_FINAL, SAMPLES_STREAMED = "none", "final", "streamed"
 
 
 class Formatter(ABC):
@@ -26,6 +28,12 @@ class Formatter(ABC):
 
     name: str = ""
     content_type: str = "application/json"
+    #: What the format does with a request that decodes several samples (``n``/``best_of`` > 1;
+    #: ``RequestOutput.sequences``): ``SAMPLES_NONE`` cannot show them (the request is refused),
+    #: ``SAMPLES_FINAL`` writes every returned sample once all have finished, ``SAMPLES_STREAMED``
+    #: streams each sample's tokens under its index (``best_of`` > ``n`` cannot be streamed: which
+    #: samples are returned is known only at the end).
+    samples: str = SAMPLES_NONE
 
     @abstractmethod
     def __call__(self, out: RequestOutput) -> str:

@@ -20,12 +20,14 @@ from typing import Any, Optional
 
 from djl_handlers.formatting.base import (  # noqa: F401 - re-exported for the dialect modules
     DEFAULT_ERROR_CODE,
+    SAMPLES_FINAL,
     Formatter,
     error_code,
     error_message,
     is_error,
 )
 from djl_handlers.request.records import RequestOutput, Token
+from djl_handlers.request.sequences import best_first
 
 # Carries the closing fields when the final step produced no token (e.g. a trimmed stop
 # sequence) or failed: id -1 and ``special`` as DJL's own error token, no text.
@@ -146,15 +148,28 @@ def lmi_details(out: RequestOutput, *, include_tokens: bool) -> dict[str, Any]:
 # --------------------------------------------------------------------------- formatters
 
 
+def best_of_sequence(seq: RequestOutput) -> dict[str, Any]:
+    """One entry of ``details.best_of_sequences`` (LMI v0.29+'s ``BestOfSequence``): ``finish_reason``,
+    ``generated_tokens``, ``tokens``[, ``prefill``][, ``top_tokens``], ``generated_text``."""
+    entry = {k: v for k, v in lmi_details(seq, include_tokens=True).items() if k != "inputs"}
+    entry["generated_text"] = seq.full_text
+    return entry
+
+
 class JsonFormatter(Formatter):
     """``json``: nothing until finished, then one object ``{"generated_text"[, "details"]}``.
 
     On failure: ``{"generated_text": null, "error", "code", "details"}`` with
     ``details.finish_reason == "error"`` (details always present so clients can detect it).
+
+    Several samples (``n``/``best_of`` > 1), as LMI v0.29+: ``generated_text`` and ``details`` are the
+    sample with the highest cumulative log-probability, the other returned samples are
+    ``details.best_of_sequences``; ``details`` is then always written (as DJL's code does).
     """
 
     name = "json"
     content_type = "application/json"
+    samples = SAMPLES_FINAL
 
     def __call__(self, out: RequestOutput) -> str:
         if not out.finished:
@@ -168,6 +183,12 @@ class JsonFormatter(Formatter):
                     "details": lmi_details(out, include_tokens=True),
                 }
             )
+        if out.sequences:
+            best, others = best_first(out)
+            details = lmi_details(best, include_tokens=True)
+            if others:
+                details["best_of_sequences"] = [best_of_sequence(seq) for seq in others]
+            return dumps({"generated_text": best.full_text, "details": details})
         body: dict[str, Any] = {"generated_text": out.full_text}
         if wants_details(out):
             body["details"] = lmi_details(out, include_tokens=True)

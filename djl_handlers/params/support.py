@@ -54,8 +54,8 @@ _TABLE: Mapping[str, str] = {
     "bad_sequences": "UUNNN",
     "decoder_input_details": "NNUUU",  # the vLLM adapter does not report prompt/top log-probs yet
     "top_n_tokens": "NNUUU",
-    "best_of": "UUUUU",
-    "n": "UUUUU",
+    "best_of": "NNUUU",  # several samples of a prompt: see params/samples.py
+    "n": "NNUUU",
     "min_new_tokens": "NNNNN",
 }
 _STATUS = {"N": NATIVE, "E": EMULATED, "U": UNSUPPORTED}

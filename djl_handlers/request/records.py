@@ -128,6 +128,11 @@ class RequestOutput:
     ``top_tokens`` (only with ``parameters.top_n_tokens``): one list per entry of ``tokens``,
     the N most likely tokens of that step's distribution, most likely first (empty when the
     engine reported none).
+    ``sequences`` (only for a request that decodes several samples, ``n``/``best_of`` > 1): each
+    sample's own output, in sample order while decoding; once finished, when fewer are returned than
+    decoded, ranked best first by cumulative log-probability (the response shows the first
+    ``params.samples.returned_count``: ``request.sequences.returned``); this object's own ``tokens``
+    then stay empty.
     """
 
     request: Request
@@ -140,6 +145,7 @@ class RequestOutput:
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
     error_code: Optional[int] = None
+    sequences: list[RequestOutput] = field(default_factory=list)
 
     @property
     def generated_text(self) -> str:

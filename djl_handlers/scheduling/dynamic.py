@@ -4,7 +4,8 @@ Requests with different parameters are grouped, not rejected: each group of iden
 ``GenerationParameters`` runs as one padded batch through ``engine.generate_static`` (the
 engine's ``generate()`` path) when the engine has it, else through the step loop. The same
 ``RequestSlot`` logic as the rolling batch turns token ids into text and applies stops, so both
-modes agree on text, stop sequences and finish reasons.
+modes agree on text, stop sequences and finish reasons. Several samples of a prompt
+(``n``/``best_of`` > 1) are a rolling-batch feature: here they are a 400.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from itertools import count
 from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest, StaticEngine, StepOutput
-from djl_handlers.errors import error_body, output_error_body
+from djl_handlers.errors import InvalidParameter, error_body, output_error_body
 from djl_handlers.formatting.base import Formatter
+from djl_handlers.params.samples import sample_count, sample_field
 from djl_handlers.request.records import Request, RequestOutput
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -31,6 +33,14 @@ class _NoFormatter(Formatter):
 
     def __call__(self, out: RequestOutput) -> str:
         return ""
+
+
+def refuse_samples(request: Request) -> None:
+    """400 for ``n``/``best_of`` > 1: dynamic batching decodes one sequence per prompt."""
+    if sample_count(request.params) > 1:
+        name = sample_field(request.params)
+        raise InvalidParameter(f"parameters.{name} > 1 needs rolling batch (option.rolling_batch); dynamic "
+                               "batching decodes one sequence per prompt", field=name)
 
 
 def _prompts(request: Request) -> list[str]:
@@ -76,6 +86,7 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
     check = getattr(engine, "check_parameters", None)  # engines that can reject parameters up front
     for index, request in enumerate(requests):
         try:
+            refuse_samples(request)
             if check is not None:
                 check(request.params)
             formatter = formatter_for(request) if formatter_for is not None else None
@@ -147,6 +158,7 @@ def _step_loop(engine: Engine, reqs: list[EngineRequest], by_id: dict[int, Reque
 def stream_dynamic_request(engine: Engine, request: Request) -> Iterator[list[str]]:
     """Streaming for one dynamic-batch request: yields, per step, the new text of each prompt
     (DJL's default stream formatter turns each list into an ``{"outputs": [...]}`` line)."""
+    refuse_samples(request)
     made = [_new_slot(engine, request, p, i) for i, p in enumerate(_prompts(request))]
     by_id = {s.request_id: s for s, _ in made}
     for slot, ids in made:

@@ -7,6 +7,8 @@ sides once its record says ``last``. ``RollingBatch`` keeps the Python side of t
 
 Errors are isolated: a request that fails to parse, tokenize or sample gets its own error record;
 an exception from the engine's batched step fails only the requests that were in that step.
+A request with several samples (``n``/``best_of`` > 1) is one slot holding one engine request id
+per sample (:mod:`djl_handlers.scheduling.samples`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any, Optional
 from djl_handlers.engines.base import Engine, EngineRequest
 from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_of
 from djl_handlers.formatting.base import Formatter
+from djl_handlers.params.samples import sample_count
 from djl_handlers.request.records import Request
+from djl_handlers.scheduling.samples import SampleGroup, check_sample_format
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
 LOG = logging.getLogger(__name__)
@@ -60,11 +64,19 @@ class RollingBatch:
         except DjlHandlersError as exc:
             return error_slot(exc, request, None, slot_id), None
         try:
+            check_sample_format(request, formatter)
             prompt_ids = self._tokenize(request)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
             slot = RequestSlot(request, formatter, slot_id)
             slot.fail(_naming_field(exc), status_of(exc))
             return slot, None
+        adapter = request.adapter_of(0)
+        if sample_count(request.params) > 1:
+            ids = [slot_id, *(self._new_id() for _ in range(sample_count(request.params) - 1))]
+            group = SampleGroup(request, formatter, ids, prompt_ids, tokenizer=self.engine.tokenizer,
+                                eos_token_ids=self.engine.eos_token_ids, max_model_len=self.engine.max_model_len,
+                                release=self._release_id)
+            return group, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter, tuple(ids[1:]))
         slot = RequestSlot(
             request,
             formatter,
@@ -74,7 +86,7 @@ class RollingBatch:
             eos_token_ids=self.engine.eos_token_ids,
             max_model_len=self.engine.max_model_len,
         )
-        return slot, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, request.adapter_of(0))
+        return slot, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter)
 
     def add_error(
         self, exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None
@@ -113,12 +125,12 @@ class RollingBatch:
     def _run_engine(self) -> None:
         if not any(s.in_engine and not s.finished for s in self.slots):
             return
-        by_id = {s.request_id: s for s in self.slots if s.in_engine}
+        by_id = {rid: s for s in self.slots if s.in_engine for rid in _engine_ids(s)}
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the batch failed; fail its members only
-            LOG.exception("engine step failed; failing the %d requests in it", len(by_id))
-            for slot in by_id.values():
+            LOG.exception("engine step failed; failing the requests in it")
+            for slot in set(by_id.values()):
                 slot.fail(f"engine step failed: {message_of(exc)}", status_of(exc))
             return
         for out in outputs:
@@ -128,10 +140,16 @@ class RollingBatch:
 
     def _release(self, slot: RequestSlot) -> None:
         slot.in_engine = False
+        for request_id in _engine_ids(slot):
+            self._release_id(request_id)
+        if isinstance(slot, SampleGroup):
+            slot.released()
+
+    def _release_id(self, request_id: int) -> None:
         try:
-            self.engine.release(slot.request_id)
+            self.engine.release(request_id)
         except Exception:  # noqa: BLE001 - releasing must never break the batch
-            LOG.exception("engine.release(%s) failed", slot.request_id)
+            LOG.exception("engine.release(%s) failed", request_id)
 
     def reset(self) -> None:
         """Drop every request (DJL sends ``reset_rollingbatch`` after a failure)."""
@@ -139,6 +157,11 @@ class RollingBatch:
             if slot.in_engine:
                 self._release(slot)
         self.slots = []
+
+
+def _engine_ids(slot: RequestSlot) -> list[int]:
+    """The engine request ids ``slot`` holds: one, or one per sample still running."""
+    return slot.engine_ids if isinstance(slot, SampleGroup) else [slot.request_id]
 
 
 def error_slot(exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None,

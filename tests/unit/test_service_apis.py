@@ -69,9 +69,9 @@ def test_chat_without_template_is_a_clear_400() -> None:
     assert req.code == 400 and "chat template" in (req.error or "")
 
 
-def test_openai_rejects_n_and_unknown_fields() -> None:
+def test_openai_rejects_greedy_n_and_unknown_fields() -> None:
     driver = driver_for(chat_engine())
-    a = driver.submit(json_request({"messages": [{"role": "user", "content": "x"}], "n": 2}))
+    a = driver.submit(json_request({"messages": [{"role": "user", "content": "x"}], "n": 2, "temperature": 0}))
     b = driver.submit(json_request({"prompt": "x", "tools": []}))
     driver.run()
     assert a.code == 400 and "n must be 1" in (a.error or "")

@@ -14,8 +14,10 @@ field as the client spelled it, also when its LMI parameter refused it (``ignore
 ``ignore_eos_token``).
 
 Rules (documented in docs/schema.md): ``temperature`` defaults to 1.0 and 0 means greedy, as
-OpenAI; ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``n`` and ``best_of``
-must be 1; fields that ask for features we do not have (suffix, audio, beam search, ...) are
+OpenAI; ``max_tokens`` (or ``max_completion_tokens``) defaults to 256; ``n`` (and, for completions,
+``best_of``, with ``n`` then 1 unless given) become the LMI parameters of the same names, refused
+with greedy decoding (``temperature: 0``) as vLLM does; fields that ask for features we do not
+have (suffix, audio, beam search, ...) are
 accepted only at their default value, else rejected with a 400 naming them.
 
 Structured output (docs/structured-output.md): ``response_format`` (``text``, ``json_object``,
@@ -178,12 +180,13 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string (one prompt per request)", field="prompt")
     check_text(prompt, "prompt")
-    if body.get("best_of") not in (None, 1):
-        raise InvalidParameter("best_of must be 1 (one sequence per request)", field="best_of")
     logprobs = body.get("logprobs")
     if logprobs is not None and not _int_in(logprobs, 0, MAX_COMPLETION_LOGPROBS):
         raise InvalidParameter(f"logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}]", field="logprobs")
     params = _common_parameters(body, COMPLETION)
+    if body.get("best_of") not in (None, 1):  # OpenAI returns n (default 1) of the best_of samples
+        params.update(best_of=body["best_of"], n=params.get("n", 1))
+        _check_greedy_samples(params, "best_of")
     if _bool(body.get("echo"), "echo", False):
         params["return_full_text"] = True
     stream = _bool(body.get("stream"), "stream", False)
@@ -193,9 +196,9 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
 
 
 def _common_parameters(body: dict[str, Any], api: str) -> dict[str, Any]:
-    if body.get("n") not in (None, 1):
-        raise InvalidParameter("n must be 1 (one choice per request)", field="n")
     params: dict[str, Any] = {}
+    if body.get("n") is not None:
+        params["n"] = body["n"]  # validated (and refused by engines without samples) as LMI's n
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(key)
     if max_tokens is not None and not _int_in(max_tokens, 1, None):
@@ -216,7 +219,16 @@ def _common_parameters(body: dict[str, Any], api: str) -> dict[str, Any]:
             assert spec.parameter is not None
             params[spec.parameter] = body[spec.name]
     params.update(_structured(body))
+    _check_greedy_samples(params, "n")
     return params
+
+
+def _check_greedy_samples(params: dict[str, Any], name: str) -> None:
+    """vLLM's rule, in its words: more than one sample (``n``/``best_of``) needs sampling."""
+    value = params.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 1 and not params.get("do_sample"):
+        raise InvalidParameter(f"{name} must be 1 when using greedy sampling (temperature 0), got {value}",
+                               field=name)
 
 
 def _in_body_terms(exc: InvalidParameter) -> InvalidParameter:

@@ -19,7 +19,10 @@ What they fix on the first call and repeat on every later one (``OpenAIState``, 
 ``formatter_state``): the response ``id`` (``chatcmpl-<request id>`` / ``cmpl-<request id>`` from the
 ``requestId`` property, else ``-<hex>``) and ``created`` (the current Unix time).
 
-Only one choice (index 0) is produced: the parser rejects ``n > 1``. Finish reasons map
+Choices: one (index 0), or one per returned sample with ``n`` > 1 (``RequestOutput.sequences``; with
+``best_of`` the best ``n`` by cumulative log-probability, best first). A stream sends each choice's
+tokens under its ``index`` as they come, and its ``finish_reason`` when that choice ends; ``usage``
+counts the tokens of every sample decoded (``best_of`` included), as OpenAI bills them. Finish reasons map
 ``eos_token``/``stop_sequence`` -> ``stop`` and ``length`` -> ``length``. A failure is the nested
 error ``{"error": {"message", "type", "param", "code"}}``: the body (non-stream) or, in a
 stream, an event after the step's tokens, then ``[DONE]``. Replies of requests with ``tools``
@@ -36,6 +39,7 @@ from typing import Any, Optional
 from djl_handlers.dialects.openai.state import state_of
 from djl_handlers.dialects.openai.tool_calls import tool_message
 from djl_handlers.extensions import REQUEST_ID_PROPERTY
+from djl_handlers.formatting.base import SAMPLES_FINAL, SAMPLES_STREAMED
 from djl_handlers.formatting.lmi import (
     PLACEHOLDER_TOKEN,
     Formatter,
@@ -49,6 +53,7 @@ from djl_handlers.formatting.lmi import (
 )
 from djl_handlers.formatting.sse import sse_event
 from djl_handlers.request.records import RequestOutput, Token
+from djl_handlers.request.sequences import returned
 
 DEFAULT_MODEL = "lmi"
 FINISH_REASONS = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
@@ -95,8 +100,8 @@ def openai_finish_reason(out: RequestOutput) -> str:
 
 
 def usage(out: RequestOutput) -> dict[str, int]:
-    """``usage`` object from the prompt and generated token counts."""
-    completion = len(out.tokens)
+    """``usage`` object from the prompt and generated token counts (every sample's tokens)."""
+    completion = sum(len(seq.tokens) for seq in out.sequences) if out.sequences else len(out.tokens)
     return {
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": completion,
@@ -164,6 +169,8 @@ def _prefix(out: RequestOutput) -> str:
 class OpenAIJsonFormatter(Formatter):
     """Non-stream chat (``chat.completion``) or completion (``text_completion``) object."""
 
+    samples = SAMPLES_FINAL
+
     def __init__(self, name: str, kind: str, dump: Dump = dumps_compact) -> None:
         self.name = name
         self.kind = kind
@@ -178,27 +185,30 @@ class OpenAIJsonFormatter(Formatter):
             return ""
         if is_error(out):
             return self._dump(openai_error(out))
-        choice: dict[str, Any] = {"index": 0}
-        if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": out.generated_text}
-            choice["logprobs"] = chat_logprobs(out, out.tokens)
-        else:
-            choice["text"] = out.full_text
-            choice["logprobs"] = completion_logprobs(out, out.tokens, len(_prefix(out)))
-        choice["finish_reason"] = openai_finish_reason(out)
-        if self.kind == "chat" and out.request.tools is not None:
-            called = tool_message(out)
-            if called is not None:
-                choice["message"], choice["finish_reason"] = called
         body = {
             "id": response_id(out, self.kind),
             "object": "chat.completion" if self.kind == "chat" else "text_completion",
             "created": created_time(out),
             "model": model_name(out),
-            "choices": [choice],
+            "choices": [self._choice(seq, index) for index, seq in enumerate(returned(out))],
             "usage": usage(out),
         }
         return self._dump(body)
+
+    def _choice(self, seq: RequestOutput, index: int) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": seq.generated_text}
+            choice["logprobs"] = chat_logprobs(seq, seq.tokens)
+        else:
+            choice["text"] = seq.full_text
+            choice["logprobs"] = completion_logprobs(seq, seq.tokens, len(_prefix(seq)))
+        choice["finish_reason"] = openai_finish_reason(seq)
+        if self.kind == "chat" and seq.request.tools is not None:
+            called = tool_message(seq)
+            if called is not None:
+                choice["message"], choice["finish_reason"] = called
+        return choice
 
 
 # --------------------------------------------------------------------------- stream
@@ -206,6 +216,8 @@ class OpenAIJsonFormatter(Formatter):
 
 class OpenAIStreamFormatter(Formatter):
     """Streamed chunks (``chat.completion.chunk`` / ``text_completion``), SSE or jsonlines."""
+
+    samples = SAMPLES_STREAMED
 
     def __init__(self, name: str, kind: str, *, sse: bool = True, dump: Dump = dumps_compact) -> None:
         self.name = name
@@ -221,12 +233,15 @@ class OpenAIStreamFormatter(Formatter):
         return self(out)
 
     def __call__(self, out: RequestOutput) -> str:
+        # a sample (n > 1) always ends with a token of its own: one with none this step sends nothing
+        choices = [(i, seq) for i, seq in enumerate(out.sequences) if seq.new_tokens] if out.sequences else [(0, out)]
         if out.finished and is_error(out):
-            start = first_new_index(out)
-            events = [self._chunk(out, start + i, t, False) for i, t in enumerate(out.new_tokens)]
+            events = [self._chunk(out, seq, first_new_index(seq) + i, t, False, choice)
+                      for choice, seq in choices for i, t in enumerate(seq.new_tokens)]
             events.append(openai_error(out))
             return self._frame(events, done=True)
-        events = [self._chunk(out, index, token, closing) for index, token, closing in step_events(out)]
+        events = [self._chunk(out, seq, index, token, closing, choice)
+                  for choice, seq in choices for index, token, closing in step_events(seq)]
         if out.finished and include_usage(out):
             events.append({**self._envelope(out), "choices": [], "usage": usage(out)})
         return self._frame(events, done=out.finished)
@@ -245,22 +260,25 @@ class OpenAIStreamFormatter(Formatter):
             "model": model_name(out),
         }
 
-    def _chunk(self, out: RequestOutput, index: int, token: Token, closing: bool) -> dict[str, Any]:
+    def _chunk(self, out: RequestOutput, seq: RequestOutput, index: int, token: Token, closing: bool,
+               number: int) -> dict[str, Any]:
+        """Choice ``number``'s chunk for token ``index`` of its sequence ``seq`` (``out`` itself, or
+        one of its samples); the envelope is the request's (``out``)."""
         placeholder = token is PLACEHOLDER_TOKEN
         tokens = [] if placeholder else [token]
-        choice: dict[str, Any] = {"index": 0}
+        choice: dict[str, Any] = {"index": number}
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if index == 0 else {}
             if not placeholder or index == 0:
                 delta["content"] = token.text
             choice["delta"] = delta
-            choice["logprobs"] = chat_logprobs(out, tokens)
+            choice["logprobs"] = chat_logprobs(seq, tokens)
         else:
-            prefix = _prefix(out)
-            offset = len(prefix) + sum(len(t.text) for t in out.tokens[:index])
+            prefix = _prefix(seq)
+            offset = len(prefix) + sum(len(t.text) for t in seq.tokens[:index])
             choice["text"] = (prefix if index == 0 else "") + token.text
-            choice["logprobs"] = completion_logprobs(out, tokens, offset)
-        choice["finish_reason"] = openai_finish_reason(out) if closing else None
+            choice["logprobs"] = completion_logprobs(seq, tokens, offset)
+        choice["finish_reason"] = openai_finish_reason(seq) if closing else None
         chunk = {**self._envelope(out), "choices": [choice]}
         if include_usage(out):
             chunk["usage"] = None

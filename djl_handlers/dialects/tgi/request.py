@@ -4,7 +4,10 @@ TGI's ``parameters`` are mostly LMI's; the differences handled here: ``adapter_i
 adapter (LMI's top-level ``adapters``), ``temperature`` must be strictly positive (TGI's router answers
 422, where LMI reads 0 as greedy), ``watermark`` is refused, TGI's neutral defaults (``best_of: 1``,
 ``top_n_tokens: 0``, ``decoder_input_details: false``) are dropped, prefill details are never
-streamed, and the output is TGI's (``output_formatter`` ``tgi`` / ``tgi_stream``).
+streamed, ``best_of`` > 1 follows TGI's router (422 when streaming or without ``do_sample``; every
+sample returned, the best first, the others in ``details.best_of_sequences``; a ``seed`` is allowed,
+each sample drawing with one derived from it, where TGI refuses it), and the output is TGI's
+(``output_formatter`` ``tgi`` / ``tgi_stream``).
 """
 
 from __future__ import annotations
@@ -47,11 +50,23 @@ def tgi_to_lmi(body: dict[str, Any], stream: bool) -> dict[str, Any]:
     if stream and params.get("decoder_input_details"):  # as TGI: prefill details are never streamed
         raise InvalidParameter("decoder_input_details is not supported when streaming tokens",
                                field="decoder_input_details")
+    _check_best_of(params.get("best_of"), stream, params.get("do_sample"))
     params["output_formatter"] = "tgi_stream" if stream else "tgi"
     tgi = {"inputs": body.get("inputs"), "parameters": params, "stream": stream}
     if adapter_id is not None or body.get("adapters") is not None:
         tgi["adapters"] = adapter_id if adapter_id is not None else body.get("adapters")
     return tgi
+
+
+def _check_best_of(value: Any, stream: bool, do_sample: Any) -> None:
+    """TGI's router rules for ``best_of`` > 1 (422, its messages); the value itself is checked as
+    LMI's ``best_of``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 1:
+        return
+    if stream:
+        raise UnprocessableParameter("`best_of` != 1 is not supported when streaming tokens", field="best_of")
+    if do_sample is not True:
+        raise UnprocessableParameter("you must use sampling when `best_of` is > 1", field="best_of")
 
 
 def _check_temperature(value: Any) -> None:

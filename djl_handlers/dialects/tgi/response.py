@@ -9,7 +9,10 @@ JSON as serde writes it, and SSE events written ``data:{json}\\n\\n`` (no space,
   ``{"finish_reason", "generated_tokens", "seed", "prefill", "tokens"[, "top_tokens"]}``;
   ``prefill`` lists the prompt tokens ``{"id", "text", "logprob"}`` with
   ``decoder_input_details`` (else ``[]``); ``top_tokens`` (one list per token) only with
-  ``top_n_tokens``, as TGI omits it when empty.
+  ``top_n_tokens``, as TGI omits it when empty. With ``best_of`` > 1 the text and details are the
+  sample with the highest cumulative log-probability and ``details.best_of_sequences`` lists the
+  others (``{"generated_text", "finish_reason", "generated_tokens", "seed", "prefill", "tokens"[,
+  "top_tokens"]}``, each with its own seed), as TGI writes them.
 - ``tgi_stream``: one event per token ``{"index", "token"[, "top_tokens"], "generated_text", "details"}``;
   ``index`` counts tokens from 1; ``generated_text``/``details`` are null except on the last
   event (``details`` = ``{"finish_reason", "generated_tokens", "seed", "input_length"}`` when
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from djl_handlers.formatting.base import SAMPLES_FINAL
 from djl_handlers.formatting.lmi import (
     Formatter,
     dumps_compact,
@@ -37,6 +41,7 @@ from djl_handlers.formatting.lmi import (
 )
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.records import RequestOutput, Token
+from djl_handlers.request.sequences import best_first
 
 
 def tgi_token(token: Token) -> dict[str, Any]:
@@ -75,11 +80,26 @@ def tgi_error_object(code: int, message: str, kind: Optional[str] = None) -> dic
     return {"error": message, "error_type": kind}
 
 
+def tgi_details(out: RequestOutput) -> dict[str, Any]:
+    """``{"finish_reason", "generated_tokens", "seed", "prefill", "tokens"[, "top_tokens"]}`` of one sequence."""
+    details: dict[str, Any] = {
+        "finish_reason": out.finish_reason,
+        "generated_tokens": len(out.tokens),
+        "seed": tgi_seed(out),
+        "prefill": [tgi_prefill_token(t) for t in out.prefill] if wants_prefill(out) else [],
+        "tokens": [tgi_token(t) for t in out.tokens],
+    }
+    if wants_top_tokens(out) and out.top_tokens:
+        details["top_tokens"] = [[tgi_token(t) for t in top] for top in out.top_tokens]
+    return details
+
+
 class TgiFormatter(Formatter):
     """``tgi``: nothing until finished, then ``[{"generated_text", "details"?}]``."""
 
     name = "tgi"
     content_type = "application/json"
+    samples = SAMPLES_FINAL
 
     def error_body(self, out: RequestOutput) -> str:
         return dumps_compact(tgi_error(out))
@@ -89,17 +109,12 @@ class TgiFormatter(Formatter):
             return ""
         if is_error(out):
             return dumps_compact(tgi_error(out))
-        body: dict[str, Any] = {"generated_text": out.full_text}
+        best, others = best_first(out)
+        body: dict[str, Any] = {"generated_text": best.full_text}
         if wants_details(out):
-            details: dict[str, Any] = {
-                "finish_reason": out.finish_reason,
-                "generated_tokens": len(out.tokens),
-                "seed": tgi_seed(out),
-                "prefill": [tgi_prefill_token(t) for t in out.prefill] if wants_prefill(out) else [],
-                "tokens": [tgi_token(t) for t in out.tokens],
-            }
-            if wants_top_tokens(out) and out.top_tokens:
-                details["top_tokens"] = [[tgi_token(t) for t in top] for top in out.top_tokens]
+            details = tgi_details(best)
+            if others:
+                details["best_of_sequences"] = [{"generated_text": seq.full_text, **tgi_details(seq)} for seq in others]
             body["details"] = details
         return dumps_compact([body])
 

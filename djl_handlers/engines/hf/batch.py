@@ -10,7 +10,8 @@ rows, a leave only the rows moved into the holes, and the slab grows by ``GROW``
 ``KVBatch`` holds the slab cache plus the per-row tensors the engine needs: ``mask`` [B, T]
 (1 = real token), ``pos`` [B] (true length = position id of the pending token) and ``pending``
 [B] (the last sampled token, fed at the next decode). It selects rows (release), trims the
-left padding nobody needs any more, and merges newly prefilled rows (zero-padded, masked).
+left padding nobody needs any more, merges newly prefilled rows (zero-padded, masked) and repeats a
+prefilled row for the further samples of its prompt (``n``/``best_of``).
 """
 
 from __future__ import annotations
@@ -234,6 +235,15 @@ class KVBatch:
             for layer in self.layers:
                 layer.crop_left(lead)
             self.mask = self.mask[:, lead:]
+
+    def repeat_rows(self, order: Sequence[int]) -> None:
+        """Rebuild the batch as rows ``order`` of the current ones, an index possibly repeated:
+        the samples of one prompt (``n``/``best_of``) start from copies of its prefilled KV row and
+        each grows its own from there. ``rows`` is left to the caller (one payload per new row)."""
+        idx = torch.tensor(list(order), dtype=torch.long, device=self.mask.device)
+        for layer in self.layers:
+            layer.batch_select_indices(idx)
+        self.mask, self.pos, self.pending = self.mask[idx], self.pos[idx], self.pending[idx]
 
     def kv_bytes(self) -> tuple[int, int]:
         """(bytes holding real tokens, bytes allocated to the rows in use) over every slab layer;

@@ -26,6 +26,10 @@ the request waits in the queue (others go ahead) until its grammar is ready. Eac
 has its own matcher; its bitmask is applied to a copy of the logits before sampling, so rows
 without constraints in the same step are computed exactly as before.
 
+Several samples of one prompt (``n``/``best_of``, ``EngineRequest.sample_ids``): the prompt is
+prefilled once and its KV row forked into one row per sample right after the prefill forward
+(:mod:`djl_handlers.engines.hf.forks`); a queued request needs a free row per sample to be admitted.
+
 Log-probs: see :mod:`djl_handlers.engines.hf.sampling` (model distribution, before processing).
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
@@ -52,6 +56,7 @@ from djl_handlers.engines.hf.batch import (
     uses_plain_layers,
 )
 from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
+from djl_handlers.engines.hf.forks import check_sample_rows, fan_out, fork_rows
 from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.hf.planner import first_ready, starts_chunked, take_group
 from djl_handlers.engines.hf.prefill import forward_capturing, prompt_lps
@@ -131,22 +136,25 @@ class HFEngine:
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; it is prefilled at a coming ``step``."""
         check_prompt_length(len(request.prompt_ids), self.max_model_len)
-        if request.request_id in self._ids:
-            raise ValueError(f"request id {request.request_id} is already in the engine")
+        ids = [request.request_id, *request.sample_ids]
+        if self._ids.intersection(ids) or len(set(ids)) < len(ids):
+            raise ValueError(f"request id {ids} is already in the engine")
         params = request.params
         constraint = self.check_parameters(params)
         compiling = self.grammar_backend().submit(constraint) if constraint is not None else None
         settings = translate(params, self.name)  # to_hf / to_deepspeed: the one greedy rule
         sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
         lora = require_lora(self).resolve(request.adapter) if request.adapter else None
-        self._ids.add(request.request_id)
+        self._ids.update(ids)
         row = Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
-                   compiling=compiling)
+                   compiling=compiling, forks=list(enumerate(request.sample_ids, start=1)))
         self._queue.append(row)
 
     def check_parameters(self, params: Any) -> Any:
-        """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): today a
-        structured-output constraint the grammar compiler rejects. Returns the constraint or None."""
+        """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): a
+        structured-output constraint the grammar compiler rejects, greedy ``n``/``best_of`` > 1 or more
+        samples than batch rows. Returns the constraint or None."""
+        check_sample_rows(params, self.max_batch_size)
         constraint = params.structured_output
         if constraint is not None:
             self.grammar_backend().check(constraint)
@@ -177,22 +185,30 @@ class HFEngine:
         return outputs
 
     def _forget(self, request_id: int) -> bool:
-        """Drop ``request_id``'s bookkeeping and queue entry; True when it may still hold KV rows."""
+        """Drop ``request_id``'s bookkeeping and its queued (or chunk-prefilling) row; True when it
+        may hold KV rows in the running batch. A queued request's first sample takes its other
+        samples along; a further sample leaves its request's forks."""
         if request_id not in self._ids:
             return False
         self._ids.discard(request_id)
-        for row in self._queue:
+        waiting = [*self._queue, *([self._partial.row] if self._partial is not None else [])]
+        for row in waiting:
             if row.request.request_id == request_id:
-                self._queue.remove(row)
+                self._ids.difference_update(row.ids)
+                if self._partial is not None and row is self._partial.row:
+                    self._partial = None
+                else:
+                    self._queue.remove(row)
+                return False
+            if request_id in row.ids:
+                row.forks = [fork for fork in row.forks if fork[1] != request_id]
                 return False
         return True
 
     def release(self, request_id: int) -> None:
-        """Forget a request (finished or cancelled); its KV rows are gone before the next forward."""
+        """Forget a request or one sample of it (finished or cancelled); its KV rows are gone
+        before the next forward."""
         if not self._forget(request_id):
-            return
-        if self._partial is not None and self._partial.row.request.request_id == request_id:
-            self._partial = None
             return
         batch = self._batch
         if batch is None:
@@ -375,7 +391,7 @@ class HFEngine:
 
     def _room(self) -> int:
         running = len(self._batch.rows) if self._batch is not None else 0
-        return self.max_batch_size - running - (1 if self._partial is not None else 0)
+        return self.max_batch_size - running - (self._partial.row.width if self._partial is not None else 0)
 
     def _admits(self, row: Row, taken: Sequence[Row]) -> bool:
         return admits_row(self, row, taken)
@@ -426,15 +442,20 @@ class HFEngine:
             return self._fail_rows(group, f"prefill failed: {type(exc).__name__}: {exc}")
         new = KVBatch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
         new.rows = list(group)
+        logits, prompt_lps = fan_out(new, logits, prompt_lps, self._fork_rows)
         outputs = self._emit(logits, new.rows, new, prompt_lps)
         self._merge(new)
         return outputs
 
+    def _fork_rows(self, row: Row) -> list[Row]:
+        return fork_rows(row, self.name, self._vocab, self.eos_token_ids)
+
     def _fail_rows(self, rows: list[Row], message: str) -> list[StepOutput]:
+        """Fail ``rows`` (queued or just prefilled), each sample of them by its own id."""
         for row in rows:
             row.done = True
-            self._ids.discard(row.request.request_id)
-        return [StepOutput(row.request.request_id, error=message) for row in rows]
+            self._ids.difference_update(row.ids)
+        return [StepOutput(rid, error=message) for row in rows for rid in row.ids]
 
     def _continue_partial(self, budget: int) -> tuple[list[StepOutput], int]:
         part = self._partial
@@ -464,7 +485,8 @@ class HFEngine:
             return [], budget - len(chunk)
         self._partial = None
         new = KVBatch(part.cache, mask, torch.tensor([end], device=self.device), ids[:, 0], [part.row])
-        outputs = self._emit(logits, new.rows, new, [part.prompt_lps] if part.row.prompt_lp else None)
+        logits, lps = fan_out(new, logits, [part.prompt_lps] if part.row.prompt_lp else None, self._fork_rows)
+        outputs = self._emit(logits, new.rows, new, lps)
         self._merge(new)
         return outputs, budget - len(chunk)
 
@@ -484,7 +506,7 @@ class HFEngine:
         requests stay queued)."""
         self._batch = None
         self._partial = None
-        self._ids = {row.request.request_id for row in self._queue}
+        self._ids = {rid for row in self._queue for rid in row.ids}
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

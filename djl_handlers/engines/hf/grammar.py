@@ -160,6 +160,10 @@ class RowGrammar:
         """Write this row's allowed tokens into ``bitmask[row]``."""
         self._matcher.fill_next_token_bitmask(bitmask, row)
 
+    def fork(self) -> RowGrammar:
+        """An independent matcher in this one's state (a further sample of the same prompt)."""
+        return RowGrammar(self._matcher.fork(), self.vocab_size)
+
     def accept(self, token_id: int) -> bool:
         """Advance with the sampled token; False (and ``failed`` set) when the grammar rejects it."""
         if self._matcher.is_terminated():

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from djl_handlers.engines.base import EngineRequest
@@ -27,6 +27,18 @@ class Row:
     lora: Any = None  # the row's LoRA adapter weights (engines/hf/lora.py), None: base model
     compiling: Future[Any] | None = None  # structured output: the grammar being compiled
     grammar: RowGrammar | None = None  # structured output: this row's matcher
+    # n/best_of > 1: (sample index, request id) of the further samples, forked from this row's prefill
+    forks: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        """Rows this request takes in the running batch once prefilled (itself and its forks)."""
+        return 1 + len(self.forks)
+
+    @property
+    def ids(self) -> list[int]:
+        """The request ids of this row and of its forks."""
+        return [self.request.request_id, *(rid for _, rid in self.forks)]
 
     @property
     def ready(self) -> bool:
