@@ -2,7 +2,7 @@
  *
  * Input: [rows, 2 * inter] (fp32 or bf16 storage; rows `stride` elements apart), the gate in the
  * first `inter` columns and the up projection in the next `inter` (the layout of
- * hf_cpu_fused's gate/up GEMM). Output: a contiguous [rows, inter] of the same storage:
+ * engines.hf.cpu.fused's gate/up GEMM). Output: a contiguous [rows, inter] of the same storage:
  *
  *     out = silu(gate) * up,  silu(g) = g / (1 + exp(-g))
  *

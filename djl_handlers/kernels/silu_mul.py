@@ -1,7 +1,7 @@
 """``silu(gate) * up`` over a fused gate/up projection output on the CPU (``silu_mul.c``).
 
 :func:`silu_mul` takes the ``[..., 2 * inter]`` output of the fused ``gate_proj``/``up_proj`` GEMM
-(:mod:`djl_handlers.engines.hf_cpu_fused`) and returns the ``[..., inter]`` input of ``down_proj``
+(:mod:`djl_handlers.engines.hf.cpu.fused`) and returns the ``[..., inter]`` input of ``down_proj``
 in one pass, where a Llama MLP runs ``act_fn(gate)`` and ``* up`` as two operations with a
 temporary. Rounding follows torch's steps (bf16: silu rounded to bf16, then the product rounded);
 values differ from torch's only where glibc's ``expf`` and torch's differ in the last bit. Rows are
