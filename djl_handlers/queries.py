@@ -34,16 +34,17 @@ from djl_handlers.request.parser import check_text
 if TYPE_CHECKING:
     from djl_handlers.service import InferenceService
 
-__all__ = ["QUERY_OPS", "answer_query"]
+__all__ = ["CHAT_TOKENIZE_KEYS", "DETOKENIZE_KEYS", "PROMPT_TOKENIZE_KEYS", "QUERY_OPS", "TGI_TOKENIZE_KEYS",
+           "answer_query"]
 
 QUERY_OPS = ("model_info", "tokenize", "detokenize")
-_PROMPT_KEYS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
-_CHAT_KEYS = frozenset({"model", "messages", "add_generation_prompt", "continue_final_message",
+PROMPT_TOKENIZE_KEYS = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
+CHAT_TOKENIZE_KEYS = frozenset({"model", "messages", "add_generation_prompt", "continue_final_message",
                         "add_special_tokens", "return_token_strs", "chat_template_kwargs", "tools",
                         "chat_template", "media_io_kwargs", "mm_processor_kwargs"})
 _DEFAULT_ONLY = ("chat_template", "media_io_kwargs", "mm_processor_kwargs")  # null only
-_DETOKENIZE_KEYS = frozenset({"model", "tokens"})
-_TGI_KEYS = frozenset({"inputs", "parameters", "stream"})
+DETOKENIZE_KEYS = frozenset({"model", "tokens"})
+TGI_TOKENIZE_KEYS = frozenset({"inputs", "parameters", "stream"})
 
 
 def answer_query(service: InferenceService, inputs: Any) -> Any:
@@ -91,10 +92,10 @@ def vllm_tokenize(service: InferenceService, body: dict[str, Any]) -> dict[str, 
     rendered by the chat template (none added by default, the template has them)."""
     tokenizer = _tokenizer(service)
     if "messages" in body:
-        _check_keys(body, _CHAT_KEYS)
+        _check_keys(body, CHAT_TOKENIZE_KEYS)
         text, special = _render_chat(service, body), False
     else:
-        _check_keys(body, _PROMPT_KEYS)
+        _check_keys(body, PROMPT_TOKENIZE_KEYS)
         text, special = body.get("prompt"), True
         if not isinstance(text, str):
             raise InvalidRequest("prompt must be a string (or send messages)", field="prompt")
@@ -122,7 +123,7 @@ def _render_chat(service: InferenceService, body: dict[str, Any]) -> str:
 
 def detokenize(service: InferenceService, body: dict[str, Any]) -> dict[str, Any]:
     """vLLM's ``/detokenize``: ``tokens`` (ids of this tokenizer) → ``{"prompt"}``."""
-    _check_keys(body, _DETOKENIZE_KEYS)
+    _check_keys(body, DETOKENIZE_KEYS)
     tokens = body.get("tokens")
     size = _vocab_size(_tokenizer(service))
     if not isinstance(tokens, list) or not all(_token_id(t, size) for t in tokens):
@@ -134,7 +135,7 @@ def detokenize(service: InferenceService, body: dict[str, Any]) -> dict[str, Any
 def tgi_tokenize(service: InferenceService, body: dict[str, Any]) -> list[dict[str, Any]]:
     """TGI's ``/tokenize``: one ``{"id", "text", "start", "stop"}`` per token of ``inputs`` (with
     the tokenizer's special tokens; ``start``/``stop`` are character offsets in ``inputs``)."""
-    _check_keys(body, _TGI_KEYS)
+    _check_keys(body, TGI_TOKENIZE_KEYS)
     text = body.get("inputs")
     if not isinstance(text, str):
         raise InvalidRequest("inputs must be a string", field="inputs")

@@ -203,7 +203,7 @@ def create_app(runtime: ModelRuntime, access: AccessSettings | None = None) -> S
         Route("/generate_stream", ep.routed("tgi_stream"), methods=["POST"]),
         Route("/", ep.routed("tgi"), methods=["POST"]),
         *adapter_routes(runtime),  # DJL's adapter management API (server/adapters.py)
-        *peer_routes(runtime, _query_body),  # /v1/models, /health, /info, /tokenize, /detokenize
+        *peer_routes(runtime, _query_body, access),  # /v1/models, /health, /info, /tokenize, /detokenize, /openapi.json
     ]
     middleware = [Middleware(RequestIdMiddleware), *access_middleware(access)]
     return _App(routes=routes, lifespan=lifespan, middleware=middleware)

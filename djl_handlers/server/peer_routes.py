@@ -7,7 +7,9 @@
 * ``GET /info`` (TGI): ``model_id``, ``model_dtype``, ``model_device_type``, ``max_input_tokens``,
   ``max_total_tokens``, ``version``...;
 * ``POST /tokenize`` (TGI's body ``{"inputs"}``, or vLLM's ``{"prompt"}``/``{"messages"}``) and
-  ``POST /detokenize`` (vLLM): answered by the worker's tokenizer (:mod:`.worker_queries`).
+  ``POST /detokenize`` (vLLM): answered by the worker's tokenizer (:mod:`.worker_queries`);
+* ``GET /openapi.json``: the OpenAPI 3.1 description of every route (:mod:`.openapi`), for the
+  served engine's parameters.
 
 None of these exist in DJL Serving's own front end (the Java server owns the routes there).
 """
@@ -24,6 +26,8 @@ from starlette.routing import Route
 
 from djl_handlers.__about__ import __version__
 from djl_handlers.config.engines import DTYPE_NAMES
+from djl_handlers.server.access import AccessSettings
+from djl_handlers.server.openapi import openapi_document
 from djl_handlers.server.runtime import ModelRuntime
 from djl_handlers.server.sink import error_json
 from djl_handlers.server.worker_queries import QueryUnavailable, WorkerQueries
@@ -41,8 +45,9 @@ def _unavailable(exc: QueryUnavailable) -> Response:
 class PeerEndpoints:
     """Route handlers for one runtime; ``read_body`` applies the server's body limit."""
 
-    def __init__(self, runtime: ModelRuntime, read_body: BodyReader) -> None:
+    def __init__(self, runtime: ModelRuntime, read_body: BodyReader, access: AccessSettings | None = None) -> None:
         self.runtime = runtime
+        self.access = access
         self.queries = WorkerQueries(runtime)
         self.read_body = read_body
         self.created = int(time.time())
@@ -92,6 +97,14 @@ class PeerEndpoints:
             "router": OWNER, "version": __version__, "sha": None, "docker_label": None,
         })
 
+    async def openapi(self, request: Request) -> Response:
+        """The OpenAPI description, for the engine the worker serves."""
+        try:
+            facts: dict[str, Any] | None = await self.queries.facts()
+        except QueryUnavailable:
+            facts = self.queries.known_facts()
+        return JSONResponse(openapi_document(facts, self.runtime.settings.model_name, self.access))
+
     def relay(self, op: str) -> Callable[[Request], Awaitable[Response]]:
         """A route that hands the body to the worker's ``op`` and answers with its reply."""
 
@@ -106,13 +119,14 @@ class PeerEndpoints:
         return endpoint
 
 
-def peer_routes(runtime: ModelRuntime, read_body: BodyReader) -> list[Route]:
+def peer_routes(runtime: ModelRuntime, read_body: BodyReader, access: AccessSettings | None = None) -> list[Route]:
     """The routes, for ``create_app``."""
-    ep = PeerEndpoints(runtime, read_body)
+    ep = PeerEndpoints(runtime, read_body, access)
     return [
         Route("/v1/models", ep.models, methods=["GET"]),
         Route("/health", ep.health, methods=["GET"]),
         Route("/info", ep.info, methods=["GET"]),
         Route("/tokenize", ep.relay("tokenize"), methods=["POST"]),
         Route("/detokenize", ep.relay("detokenize"), methods=["POST"]),
+        Route("/openapi.json", ep.openapi, methods=["GET"]),
     ]
