@@ -96,10 +96,11 @@ def vllm_tokenize(service: InferenceService, body: dict[str, Any]) -> dict[str, 
         text, special = _render_chat(service, body), False
     else:
         _check_keys(body, PROMPT_TOKENIZE_KEYS)
-        text, special = body.get("prompt"), True
-        if not isinstance(text, str):
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
             raise InvalidRequest("prompt must be a string (or send messages)", field="prompt")
-        check_text(text, "prompt")
+        check_text(prompt, "prompt")
+        text, special = prompt, True
     special = _flag(body, "add_special_tokens", special)
     ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=special)]
     reply: dict[str, Any] = {"count": len(ids), "max_model_len": model_info(service)["max_model_len"], "tokens": ids}

@@ -59,7 +59,7 @@ class _Bodies:
     def tgi(self) -> dict[str, Any]:
         temperature = {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
                        "description": "TGI: strictly positive (422 otherwise)"}
-        extra = {"adapter_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        extra: dict[str, dict[str, Any]] = {"adapter_id": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                  "watermark": {"enum": [False, None]}, "temperature": temperature}
         body = self.lmi()
         body["properties"] = {**body["properties"], "inputs": {"type": "string"},
