@@ -31,7 +31,8 @@ def _original() -> Any:
 def _inputs(dtype: Any, batch: int, seq: int, heads: int, kv: int, dim: int, strided: bool, cs_batch: int,
             seed: int = 0) -> tuple[Any, Any, Any, Any]:
     gen = torch.Generator().manual_seed(seed)
-    if strided:  # slices of one fused projection output, as the fused projections (engines/hf/cpu/fused.py) hand them over
+    # slices of one fused projection output, as the fused projections (engines/hf/cpu/fused.py) hand them over
+    if strided:
         fused = torch.randn(batch, seq, (heads + 2 * kv) * dim, generator=gen).to(dtype)
         q = fused[..., : heads * dim].view(batch, seq, heads, dim).transpose(1, 2)
         k = fused[..., heads * dim: (heads + kv) * dim].view(batch, seq, kv, dim).transpose(1, 2)
