@@ -1,6 +1,6 @@
 """Bedrock-style third-party formatters ``3p`` (non-stream) and ``3p_stream`` (jsonlines).
 
-Shapes as DJL v0.29+ ``output_formatter.py`` (reference §10.2):
+Shapes as DJL v0.29+ ``djl_python/output_formatter.py`` writes them:
 
 - ``3p``: ``{"body": {"generation", "prompt_token_count", "generation_token_count",
   "stop_reason"}, "metering": {"inputTokenCount", "outputTokenCount"},
