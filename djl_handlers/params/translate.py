@@ -86,10 +86,14 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
     Greedy (``is_sampling`` false) is ``temperature=0``; ``top_k <= 0`` becomes ``-1`` (accepted
     by every vLLM release as "off"). ``decoder_input_details`` asks for ``prompt_logprobs=1``.
     ``structured_outputs`` (structured output) is a dict of ``StructuredOutputsParams`` keywords
-    that the adapter wraps in the installed vLLM's class.
+    that the adapter wraps in the installed vLLM's class. ``n`` is every sample to decode
+    (``best_of``, else ``n``: vLLM V1 has no ``best_of``; the scheduler ranks the samples and keeps
+    the best, :mod:`djl_handlers.params.samples`).
     """
+    from djl_handlers.params.samples import sample_count  # samples imports this module's is_sampling
+
     kwargs: dict[str, Any] = {
-        "n": 1,
+        "n": sample_count(p),
         "max_tokens": p.max_new_tokens,
         "min_tokens": p.min_new_tokens,
         "temperature": p.temperature if is_sampling(p) else 0.0,

@@ -160,8 +160,9 @@ def check_request_body(body: Any) -> None:
 
 def _golden_json_keys() -> tuple[set[str], set[str]]:
     golden = json.loads((GOLDEN / "json" / "details.txt").read_text(encoding="utf-8"))
-    # prefill / top_tokens appear only on request (decoder_input_details, top_n_tokens)
-    return set(golden), set(golden["details"]) | {"prefill", "top_tokens"}
+    # prefill / top_tokens / best_of_sequences appear only on request (decoder_input_details,
+    # top_n_tokens, n / best_of)
+    return set(golden), set(golden["details"]) | {"prefill", "top_tokens", "best_of_sequences"}
 
 
 def check_response(value: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -107,6 +107,38 @@ CASES = [(f, s) for f in FORMATS for s in SCENARIOS if s != "openai_options"] + 
 ]
 
 
+# Several samples (n/best_of): per sample, its tokens per step (a sample ends on its last step).
+SAMPLE_FORMATS = ["json", "tgi", "chat_json", "chat_sse", "completion_json", "completion_sse"]
+SAMPLE_STEPS = [
+    [[T(304, "Deep", -0.5)], [T(11157, " Learning", -1.25)], [T(278, " is", -0.25)]],
+    [[T(7, "Yes", -0.125)], [T(2, "", -0.0625)]],
+]
+SAMPLE_REASONS = ["length", "eos_token"]
+CASES += [(f, "samples") for f in SAMPLE_FORMATS]
+
+
+def run_sample_steps(name: str) -> list[str]:
+    """A two-sample request (``n: 2``) through a formatter, one chunk per step; sample 1 finishes
+    first and has the higher cumulative log-prob."""
+    fmt = get_formatter(name, stream=False)
+    params = GenerationParameters(details=True, do_sample=True, n=2, seed=42)
+    out = build_output(replace(SCENARIOS["details"], prompt="Is it deep?"))
+    out.request = replace(out.request, params=params)
+    out.sequences = [RequestOutput(request=replace(out.request, seed=42 + i, formatter_state=None))
+                     for i in range(2)]
+    chunks = []
+    for step in range(max(len(s) for s in SAMPLE_STEPS)):
+        for seq, steps, reason in zip(out.sequences, SAMPLE_STEPS, SAMPLE_REASONS, strict=True):
+            seq.new_tokens = list(steps[step]) if step < len(steps) else []
+            seq.tokens.extend(seq.new_tokens)
+            if step == len(steps) - 1:
+                seq.finished, seq.finish_reason = True, reason
+        if all(seq.finished for seq in out.sequences):
+            out.finished, out.finish_reason = True, "eos_token"
+        chunks.append(fmt(out))
+    return chunks
+
+
 def build_output(sc: Scenario) -> RequestOutput:
     """A fresh RequestOutput for a scenario (no tokens yet)."""
     params = GenerationParameters(details=sc.details, return_full_text=sc.return_full_text)
@@ -146,7 +178,7 @@ def read_golden(fmt: str, scenario: str) -> str:
 
 @pytest.mark.parametrize(("fmt", "scenario"), CASES)
 def test_golden_bytes(fmt: str, scenario: str) -> None:
-    body = "".join(run_steps(fmt, SCENARIOS[scenario]))
+    body = "".join(run_sample_steps(fmt) if scenario == "samples" else run_steps(fmt, SCENARIOS[scenario]))
     path = golden_path(fmt, scenario)
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(parents=True, exist_ok=True)
