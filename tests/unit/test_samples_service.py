@@ -21,9 +21,9 @@ TGI = {"X-Djl-Handlers-Api": "tgi"}
 
 
 class ChatTokenizer(FakeEngine().tokenizer.__class__):  # type: ignore[misc]
-    chat_template = "fake"
+    chat_template = "fake {{ tools }}"
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool, add_generation_prompt: bool) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool, **options: Any) -> str:
         return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
 
@@ -122,6 +122,15 @@ def test_openai_chat_stream_sends_each_choice_by_index() -> None:
     assert all(len(f) == 1 for f in finishes.values())  # each choice ends once
     generated = sum(len(sample_text(4, i, 5).split("o")[0]) + ("o" in sample_text(4, i, 5)) for i in range(2))
     assert chunks[-1]["usage"]["completion_tokens"] == generated
+
+
+def test_openai_tools_stream_with_n_is_a_400_but_not_streamed_is_fine() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "tools": [tool]}
+    streamed = answer({**body, "stream": True})
+    assert streamed.code == 400 and "chat_tools_sse" in (streamed.error or "")
+    out = json.loads(answer(body).text)
+    assert [c["index"] for c in out["choices"]] == [0, 1]
 
 
 def test_openai_completion_best_of() -> None:

@@ -23,13 +23,17 @@ from djl_handlers.dialects.openai.response import (
 )
 from djl_handlers.dialects.openai.state import state_of
 from djl_handlers.dialects.openai.tool_calls import new_call, parse_json, tool_calls
+from djl_handlers.formatting.base import SAMPLES_NONE
 from djl_handlers.request.records import RequestOutput
 
 __all__ = ["ToolStreamFormatter"]
 
 
 class ToolStreamFormatter(OpenAIStreamFormatter):
-    """Chat SSE for requests that may call tools (see module docstring)."""
+    """Chat SSE for requests that may call tools (see module docstring); one choice only (``n`` > 1
+    with tools is answered without streaming)."""
+
+    samples = SAMPLES_NONE
 
     def __init__(self, name: str = "chat_tools_sse") -> None:
         super().__init__(name, "chat")
