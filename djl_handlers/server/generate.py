@@ -2,18 +2,20 @@
 
 ``djl-handlers generate`` uses it with ``worker.in_process.InProcessTransport``; it sends the init call
 and then drives the request exactly as the server would: rolling-batch steps until the record says
-``last`` (the first step carries headers, body and seed, later ones empty bodies), or one
-dynamic-batch call whose reply may be streamed.
+``last`` (the first step carries headers, body and seed, later ones empty bodies), one
+dynamic-batch call whose reply may be streamed, or, in async mode, one awaited call whose replies
+each carry a record.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from djl_handlers.protocol.dynamic import batch_frame
 from djl_handlers.protocol.messages import BatchFailure, WorkerRequest, reply_of
-from djl_handlers.protocol.rolling import FrontEndBatch, FrontEndSlot, Record
+from djl_handlers.protocol.rolling import FrontEndBatch, FrontEndSlot, Record, decode_record
 from djl_handlers.protocol.transport import Transport
 from djl_handlers.server.settings import ServerSettings
 
@@ -63,10 +65,48 @@ def drive_dynamic(transport: Transport, request: WorkerRequest, handler: str, ou
     return reply.code
 
 
+async def drive_async(transport: Any, settings: ServerSettings, request: WorkerRequest, out: TextIO,
+                      flush: bool = False) -> int:
+    """Async mode: the init call, then one request whose replies are records (``AsyncRequestManager``)."""
+    async for init in transport.stream_async(settings.init_properties(), []):
+        if init.code >= 300:
+            detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")
+            print(f"djl-handlers: model initialization failed ({init.code} {init.message}): {detail}",
+                  file=sys.stderr)
+            return -1
+    properties = dict(request.properties, request_tracking_id="generate", handler=settings.handler)
+    status: int | None = None
+    async for frame in transport.stream_async(properties, request.content):
+        if frame.code != 200:
+            _emit(out, f"Async Inference Failure {frame.message}".encode(), flush)
+            return frame.code
+        record = decode_record(bytes(frame.content[0][1])) if frame.content else Record(last=True)
+        if record.code is not None:
+            _emit(out, record.error_body(), flush)
+            return status or record.code
+        if record.data:
+            status = status or 200
+            _emit(out, record.data.encode("utf-8"), flush)
+        if record.last:
+            break
+    return status or 200
+
+
 def run_one(settings: ServerSettings, transport: Transport, body: bytes, stream: bool,
             out: TextIO = sys.stdout) -> int:
     """Init the handler over ``transport`` (in process for ``djl-handlers generate``), run one request,
     print its body; exit status 0 when < 300."""
+    if settings.async_mode and hasattr(transport, "stream_async"):
+        request = WorkerRequest({"content-type": "application/json"}, [("data", body)])
+        code = asyncio.run(drive_async(transport, settings, request, out, flush=stream))
+        if code < 0:
+            return 1
+        out.write("\n")
+        out.flush()
+        if code >= 300:
+            print(f"djl-handlers: the request failed with status {code}", file=sys.stderr)
+            return 1
+        return 0
     init = transport.call(settings.init_properties(), [])
     if init.code >= 300:
         detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")

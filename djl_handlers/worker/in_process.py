@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import inspect
 import io
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from djl_handlers.io import wire
@@ -34,10 +35,29 @@ class InProcessTransport:
         raw = wire.encode_input_frame(properties, content)
         props, entries = wire.read_input_frame(io.BytesIO(raw))
         props["device_id"] = self._device_id
-        output = self._service.invoke(input_from_frame(props, entries))
-        buffer = BufferSink()
-        output.send(buffer)
-        finalize: Callable[[], Any] | None = getattr(output, "execute_finalize", None)
-        if callable(finalize):
-            finalize()
-        return wire.read_output_frame(io.BytesIO(b"".join(buffer.parts)))
+        return _decoded(self._service.invoke(input_from_frame(props, entries)))
+
+    async def stream_async(self, properties: Mapping[str, str],
+                           content: Content) -> AsyncIterator[wire.OutputFrame]:
+        """DJL's async mode: await the handler on one frame and yield each reply it produces."""
+        from djl_handlers.io.compat import input_from_frame
+
+        raw = wire.encode_input_frame(properties, content)
+        props, entries = wire.read_input_frame(io.BytesIO(raw))
+        props["device_id"] = self._device_id
+        result = await self._service.invoke_async(input_from_frame(props, entries))
+        if inspect.isasyncgen(result):
+            async for output in result:
+                yield _decoded(output)
+        else:
+            yield _decoded(result)
+
+
+def _decoded(output: Any) -> wire.OutputFrame:
+    """``output`` through the wire encoding, decoded as the front end reads it."""
+    buffer = BufferSink()
+    output.send(buffer)
+    finalize: Callable[[], Any] | None = getattr(output, "execute_finalize", None)
+    if callable(finalize):
+        finalize()
+    return wire.read_output_frame(io.BytesIO(b"".join(buffer.parts)))

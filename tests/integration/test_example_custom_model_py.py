@@ -49,3 +49,23 @@ def test_model_py_without_entry_point_falls_back_to_the_hf_handler(tmp_path: Pat
     assert run.returncode == 0, run.stderr[-2000:]
     body = json.loads(run.stdout.strip().splitlines()[-1])
     assert set(body) == {"answer", "tokens"} and body["tokens"] == 3
+
+
+def test_model_py_formatters_in_async_mode(tmp_path: Path, tiny_dir: Path) -> None:
+    """DJL's async mode: the same model.py (formatters only, falling back to the HF handler) answers
+    in its own shape through ``djl-handlers generate``, which then drives the handler as DJL's async
+    engine does."""
+    model = tmp_path / "formatters-only-async"
+    model.mkdir()
+    source = ROOT / "serving.properties.examples" / "custom-model-py" / "model.py"
+    (model / "model.py").write_text(source.read_text(encoding="utf-8"), encoding="utf-8")
+    (model / "serving.properties").write_text(
+        f"engine=Python\noption.model_id={tiny_dir}\noption.async_mode=true\noption.dtype=fp32\n", encoding="utf-8")
+    question = json.dumps({"question": "Hi?", "parameters": {"max_new_tokens": 3}})
+    run = subprocess.run(
+        [sys.executable, "-c", CLI, "generate", str(model), question],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    body = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(body) == {"answer", "tokens"} and body["tokens"] == 3
