@@ -10,7 +10,7 @@ the status, the body then ``{"error", "code"}``), and its ``Content-Type`` as a 
 :class:`AsyncMode` turns one request into those replies with the same parser, slots and formatters as
 the rolling batch, so greedy texts and bytes equal sync mode's. Engines that speak the step protocol
 run under an :class:`~djl_handlers.scheduling.async_driver.AsyncDriver` (their own thread);
-engines with a native asynchronous API (:class:`~djl_handlers.engines.streaming.AsyncEngine`: vLLM's
+engines with a native asynchronous API (:class:`~djl_handlers.engines.base.AsyncEngine`: vLLM's
 ``AsyncLLM``, TensorRT-LLM's ``generate_async``) are awaited directly on the event loop.
 
 Cancellation: a frame whose property ``djl_handlers_cancel`` names another request's
@@ -25,6 +25,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Optional
 
+from djl_handlers.engines.base import AsyncEngine
 from djl_handlers.errors import DjlHandlersError, message_of, status_of
 from djl_handlers.extensions import (
     API_PROPERTY,
@@ -160,14 +161,19 @@ class _NativeRun:
             return
         exhausted = False
         try:
-            async for outputs in self._engine.generate_async(self._engine_request):
-                for step in outputs:
-                    slot.consume(step)
-                record = slot.record()
-                if record.get("data") or record.get("last"):
-                    yield record, slot.content_type, None
-                if slot.finished:  # a stop rule, max_new_tokens or a cancel ended it here
-                    return
+            try:
+                async for outputs in self._engine.generate_async(self._engine_request):
+                    for step in outputs:
+                        slot.consume(step)
+                    record = slot.record()
+                    if record.get("data") or record.get("last"):
+                        yield record, slot.content_type, None
+                    if slot.finished:  # a stop rule, max_new_tokens or a cancel ended it here
+                        return
+            except Exception as exc:  # noqa: BLE001 - this request's failure (its status: 400 for bad input)
+                slot.fail(message_of(exc), status_of(exc))  # rendered in its dialect, as in the rolling batch
+                yield slot.record(), slot.content_type, None
+                return
             exhausted = True
             if not slot.finished:  # the engine's stream ended without a finish of ours
                 slot.finish("length")
@@ -188,8 +194,7 @@ async def _abort_quietly(engine: Any, request_id: int) -> None:
         LOG.debug("abort_async(%s) failed", request_id, exc_info=True)
 
 
-def _native_async(engine: Any) -> Any:
-    """The engine itself when it has an asynchronous API (``generate_async`` + ``abort_async``)."""
-    if callable(getattr(engine, "generate_async", None)) and callable(getattr(engine, "abort_async", None)):
-        return engine
-    return None
+def _native_async(engine: Any) -> Optional[AsyncEngine]:
+    """The engine itself when it has an asynchronous API (:class:`AsyncEngine`: ``generate_async``
+    and ``abort_async``), else None."""
+    return engine if isinstance(engine, AsyncEngine) else None

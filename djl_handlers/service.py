@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.async_mode import AsyncMode, record_output
@@ -80,6 +81,8 @@ class InferenceService:
             # DJL's model_id_or_path: weights in the model directory itself are the model
             props["model_id"] = str(props["model_dir"])
         config = ServingConfig.from_properties(props, engine=self.engine_name)
+        if not config.async_mode and _awaited_without_async_mode(props):
+            config = replace(config, async_mode=True)  # engines with an async API build it (vLLM)
         factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
             from djl_handlers.dialects.registry import resolve_name
@@ -87,7 +90,7 @@ class InferenceService:
             resolve_name(config.output_formatter, stream=False, config=True)  # a typo fails init, not requests
         engine = self.engine = factory(config)
         self.hooks = load_hooks(config.model_dir)
-        is_async = _async_requested(props)
+        is_async = config.async_mode
         rolling = config.is_rolling or is_async
         if config.lora.enable_lora:
             self.lora = AdapterManager(self.engine, self._adapters_in_use)
@@ -303,14 +306,12 @@ def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
     return render
 
 
-def _async_requested(props: Mapping[str, Any]) -> bool:
-    """Async mode: ``async_mode=true`` in the init properties (DJL's ``PyModel`` rule), or, when the
-    key is absent, a call made from inside a running event loop (DJL's async engine awaits us)."""
-    from djl_handlers.config.resolve import is_async_value
-
-    value = props.get("async_mode")
-    if value is not None:
-        return is_async_value(str(value))
+def _awaited_without_async_mode(props: Mapping[str, Any]) -> bool:
+    """Async mode although the init properties have no ``async_mode`` (``ServingConfig.async_mode``
+    reads it when present, DJL's ``PyModel`` rule): a call made from inside a running event loop
+    (DJL's async engine awaits us)."""
+    if props.get("async_mode") is not None:
+        return False
     import asyncio
 
     try:

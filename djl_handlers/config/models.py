@@ -17,6 +17,7 @@ from typing import Any
 from djl_handlers.config.engines import DTYPE_NAMES, ENGINES, canonical_engine
 from djl_handlers.config.hf import HuggingFaceOptions, read_hf_options
 from djl_handlers.config.reader import Reader
+from djl_handlers.config.resolve import is_async_value
 from djl_handlers.errors import ConfigError
 
 ROLLING_BATCH: tuple[str, ...] = ("auto", "scheduler", "disable", "lmi-dist", "vllm", "trtllm", "deepspeed")
@@ -199,7 +200,7 @@ def _batching(r: Reader, engine: str) -> dict[str, Any]:
     """
     rolling = r.choice("rolling_batch", "disable", ROLLING_BATCH)
     found = r.get("async_mode")
-    in_async_mode = found is not None and str(found[1]).strip().lower() == "true"  # DJL 0.35+: disable + async
+    in_async_mode = found is not None and is_async_value(str(found[1]))  # DJL 0.35+: disable + async
     if rolling not in ROLLING_BY_ENGINE[engine] and not (in_async_mode and rolling == "disable"):
         unset = r.get("rolling_batch") is None
         written = " is unset" if unset else f"={rolling}"
@@ -214,6 +215,7 @@ def _batching(r: Reader, engine: str) -> dict[str, Any]:
     big = rolling in ("vllm", "lmi-dist") or (rolling == "auto" and engine in ("vllm", "lmi-dist"))
     return {
         "rolling_batch": rolling,
+        "async_mode": in_async_mode,
         "batch_size": batch_size,
         "enable_streaming": streaming,
         "max_rolling_batch_size": r.integer("max_rolling_batch_size", 256 if big else 32, 1),
@@ -259,6 +261,8 @@ class ServingConfig:
     handler: str = "handle"
     revision: str | None = None
     rolling_batch: str = "disable"
+    # DJL's async mode (``option.async_mode``, ``Boolean.parseBoolean``): each request is awaited alone
+    async_mode: bool = False
     max_rolling_batch_size: int = 32
     batch_size: int = 1
     max_batch_delay_ms: int = 100

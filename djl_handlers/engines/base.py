@@ -7,7 +7,7 @@ return bare token ids; engines that stop and detokenize themselves (vLLM, Tensor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Protocol, runtime_checkable
 
@@ -111,6 +111,26 @@ class StaticEngine(Protocol):
     one list of per-token outputs per request, in order."""
 
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]: ...
+
+
+@runtime_checkable
+class AsyncEngine(Protocol):
+    """An engine with its own asynchronous API, awaited directly in DJL's async mode (vLLM's
+    ``AsyncLLM``, TensorRT-LLM's ``generate_async``) instead of being stepped on a thread.
+
+    ``generate_async`` runs one request: each item it yields holds that request's new
+    ``StepOutput`` records since the previous item (several when the engine produced several
+    tokens at once), the same records ``Engine.step`` returns; the last one carries the finish
+    reason (or an error). Bad parameters or a rejected prompt raise the request's error
+    (``InvalidParameter``, ``PromptTooLong``) from the first iteration. ``abort_async`` ends a
+    request the caller stopped reading (a stop rule of ours, a cancel); a finished or unknown id
+    is not an error. The engine also has ``name``, ``tokenizer``, ``max_model_len`` and
+    ``eos_token_ids`` like ``Engine``.
+    """
+
+    def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]: ...
+
+    async def abort_async(self, request_id: int) -> None: ...
 
 
 class EngineClass(Protocol):

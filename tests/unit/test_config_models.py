@@ -199,3 +199,13 @@ def test_init_properties_as_djl_sends_them() -> None:
     c = ServingConfig.from_properties({"model_id": "m", "device_id": "-1", "batch_size": "1",
                                        "rolling_batch": "auto", "entryPoint": "djl_handlers.huggingface"})
     assert (c.device, c.batch_size, c.is_rolling) == ("cpu", 1, True)
+
+
+@pytest.mark.parametrize(("value", "expected"), [("true", True), (" TRUE ", True), ("True", True),
+                                                 ("false", False), ("yes", False), ("1", False), ("", False)])
+def test_async_mode_is_djls_parse_boolean(value: str, expected: bool) -> None:
+    """``option.async_mode`` as DJL's ``PyModel`` reads it: true only for "true" (any case)."""
+    c = ServingConfig.from_properties({"model_id": "m", "rolling_batch": "disable", "async_mode": value},
+                                      engine="vllm" if expected else "huggingface")
+    assert c.async_mode is expected
+    assert ServingConfig.from_properties({"model_id": "m"}).async_mode is False

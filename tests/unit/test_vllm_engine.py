@@ -175,11 +175,38 @@ def test_several_tokens_in_one_step_become_one_output_each(fake_vllm: Any) -> No
     add(engine, 1, "Deep", max_new_tokens=6)
     first = engine.step()
     assert [o.token_id for o in first] == [2, 3, 4]
-    assert [o.text for o in first] == ["", "", " learning is a"]
+    assert [o.text for o in first] == [" learning", " is", " a"]  # vLLM's text, cut per token
     assert [o.log_prob for o in first] == pytest.approx([-0.25, -0.35, -0.45])
     second = engine.step()
     assert [o.token_id for o in second] == [5, 6, 7]
-    assert second[-1].finish_reason == "length" and second[-1].text == " really cool field"
+    assert [o.text for o in second] == [" really", " cool", " field"]
+    assert second[-1].finish_reason == "length" and [o.finish_reason for o in second[:-1]] == [None, None]
+
+
+@pytest.mark.parametrize("stop", [["growing"], ["cool", "it keeps"]])
+def test_several_tokens_get_the_texts_they_would_have_got_one_by_one(fake_vllm: Any, stop: list[str]) -> None:
+    """With stop strings vLLM holds back text that could start one: each token's piece is what
+    vLLM's text gained with it when tokens come one per step."""
+    per_step = {}
+    for tokens in (1, 3):
+        engine = make_engine()
+        engine.engine.tokens_per_step = tokens
+        add(engine, 1, "Deep", max_new_tokens=12, stop_sequences=stop)
+        per_step[tokens] = run(engine)[1]
+    one, three = per_step[1], per_step[3]
+    fields = [[(o.token_id, o.text, o.finish_reason) for o in outs] for outs in (one, three)]
+    assert fields[0] == fields[1]
+    assert "".join(o.text or "" for o in one[:3]) == " learning is a"[: -(max(len(s) for s in stop) - 1)]
+    assert one[-1].finish_reason == "stop_sequence"
+
+
+def test_tokens_our_decoding_disagrees_on_keep_vllms_text_on_the_last(fake_vllm: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = make_engine()
+    engine.engine.tokens_per_step = 3
+    add(engine, 1, "Deep", max_new_tokens=3)
+    monkeypatch.setattr(engine, "tokenizer", type("Xs", (), {"decode": lambda self, ids, **kw: "X" * len(ids)})())
+    assert [o.text for o in engine.step()] == ["", "", " learning is a"]
 
 
 def test_requests_vllm_did_not_schedule_get_no_output(fake_vllm: Any) -> None:
@@ -262,7 +289,7 @@ def test_engine_args_from_config(fake_vllm: Any) -> None:
 
 
 def test_lmi_dist_is_served_by_vllm_and_says_so(fake_vllm: Any, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="djl_handlers.engines.external.vllm"):
+    with caplog.at_level(logging.WARNING, logger="djl_handlers.engines.external.vllm_config"):
         engine = make_engine(engine="lmi-dist")
     assert "option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is not installed)" in caplog.text
     assert "vLLM" in engine.name

@@ -22,6 +22,15 @@ reason at all (old releases) → v0.27's rule (``eos_token`` when fewer than
 ``max_tokens`` tokens were generated, else ``length``).
 
 ``release(id)`` of an unfinished request calls ``RequestOutput.abort()``.
+
+In DJL's async mode the adapter is awaited directly (:class:`~djl_handlers.engines.base.AsyncEngine`):
+``generate_async(request)`` calls the LLM API's ``generate_async(..., streaming=True)`` on the
+caller's event loop (the one DJL's async worker awaits requests on; the result gets its async
+queue there) and ``async for``s over the ``RequestOutput``, turning each snapshot into step
+outputs with the same deltas as above; no adapter thread, no polling. ``abort_async(id)`` (async
+mode stopped reading: a stop rule of ours, a cancel) and closing the stream early call
+``RequestOutput.abort()``. The adapter's own event loop thread starts only for sync mode's
+``add_request``.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -127,7 +136,7 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
 def _lora_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
     """``lora_config=LoraConfig(max_lora_rank, max_loras, max_cpu_loras)`` (TensorRT-LLM 1.x); older
     releases without ``LoraConfig`` take ``enable_lora``/``max_lora_rank``/``max_loras`` keywords."""
-    from djl_handlers.engines.external.vllm import lora_kwargs
+    from djl_handlers.engines.external.vllm_config import lora_kwargs
 
     flat = lora_kwargs(config)
     if not flat:
@@ -158,10 +167,10 @@ class TrtLlmEngine:
         self.submit_timeout_s = submit_timeout_s
         self._ready: queue.Queue[tuple[int, _Delta]] = queue.Queue()
         self._requests: dict[int, _Request] = {}
+        self._results: dict[int, Any] = {}  # async mode: request id -> its RequestOutput
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-adapter-loop", daemon=True)
-        self._thread.start()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # sync mode's adapter loop, started on first use
+        self._thread: Optional[threading.Thread] = None
 
     @classmethod
     def from_config(cls, config: Any) -> TrtLlmEngine:
@@ -190,7 +199,8 @@ class TrtLlmEngine:
         state = _Request()
         self._requests[rid] = state
         lora = self._lora(request.adapter) if request.adapter else None
-        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker, lora), self._loop)
+        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker, lora),
+                                                  self._adapter_loop())
         try:
             state.result = future.result(timeout=self.submit_timeout_s)
         except ValueError as exc:
@@ -221,7 +231,43 @@ class TrtLlmEngine:
         """Forget the request; abort it in TensorRT-LLM when it is still running."""
         state = self._requests.pop(request_id, None)
         if state is not None and not state.finished and state.result is not None:
-            self._loop.call_soon_threadsafe(state.result.abort)
+            self._adapter_loop().call_soon_threadsafe(state.result.abort)
+
+    # -- async mode (AsyncEngine protocol) ---------------------------------------------------------
+    async def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
+        """Run ``request`` on the caller's event loop; yields its new step outputs per response."""
+        sampling, tracker = self._sampling_params(request)
+        inputs: Any = list(request.prompt_ids) if request.prompt_ids else request.prompt
+        extra = {"lora_request": self._lora(request.adapter)} if request.adapter else {}
+        rid = request.request_id
+        try:
+            result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
+        except ValueError as exc:
+            raise PromptTooLong(f"TensorRT-LLM rejected the prompt: {exc}", field="inputs") from exc
+        self._results[rid] = result
+        done = False
+        try:
+            async for snapshot in result:
+                delta = _delta(tracker, snapshot.outputs[0], bool(snapshot.finished))
+                if delta is None:
+                    continue
+                done = delta.finish_reason is not None or delta.error is not None
+                yield _step_outputs(rid, delta)
+                if done:
+                    return
+        except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on (as in sync mode)
+            done = True
+            yield [StepOutput(rid, error=f"TensorRT-LLM request failed: {message_of(exc)}")]
+        finally:
+            self._results.pop(rid, None)
+            if not done and not result.finished:
+                result.abort()
+
+    async def abort_async(self, request_id: int) -> None:
+        """Abort the request in TensorRT-LLM (``RequestOutput.abort()``) unless it finished."""
+        result = self._results.pop(request_id, None)
+        if result is not None and not result.finished:
+            result.abort()
 
     def load_adapter(self, spec: Any) -> None:
         """Register a LoRA adapter (a ``LoRARequest``; TensorRT-LLM loads it on first use)."""
@@ -251,8 +297,17 @@ class TrtLlmEngine:
         shutdown = getattr(self.llm, "shutdown", None)
         if callable(shutdown):
             shutdown()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def _adapter_loop(self) -> asyncio.AbstractEventLoop:
+        """Sync mode's private event loop, on a daemon thread started on first use."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever, name="trtllm-adapter-loop", daemon=True)
+            self._thread.start()
+        return self._loop
 
     # -- internals ---------------------------------------------------------------------------------
     def _sampling_params(self, request: EngineRequest) -> tuple[Any, _Tracker]:
@@ -280,7 +335,7 @@ class TrtLlmEngine:
     async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker, lora: Any = None) -> Any:
         extra = {"lora_request": lora} if lora is not None else {}
         result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
-        self._loop.create_task(self._pump(rid, result, tracker))
+        self._adapter_loop().create_task(self._pump(rid, result, tracker))
         return result
 
     async def _pump(self, rid: int, result: Any, tracker: _Tracker) -> None:

@@ -1,4 +1,5 @@
-"""Mirror of ``vllm.outputs`` (V1 engine, vLLM 0.10-0.1x): ``CompletionOutput``, ``RequestOutput``."""
+"""Mirror of ``vllm.outputs`` (V1 engine, vLLM 0.10-0.3x): ``CompletionOutput``, ``RequestOutput``
+(with ``add``, which ``AsyncLLM`` uses to merge the outputs a slow reader has not taken yet)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,28 @@ class RequestOutput:
         self.encoder_prompt = encoder_prompt
         self.encoder_prompt_token_ids = encoder_prompt_token_ids
         self.num_cached_tokens = num_cached_tokens
+
+    def add(self, next_output: RequestOutput, aggregate: bool) -> None:
+        """Merge a later output of the same request into this one (vLLM's rule: with ``aggregate``,
+        DELTA outputs, text, token ids and log-probs are appended; else the completion is replaced)."""
+        self.finished |= next_output.finished
+        for nxt in next_output.outputs:
+            for i, comp in enumerate(self.outputs):
+                if comp.index != nxt.index:
+                    continue
+                if aggregate:
+                    comp.text += nxt.text
+                    comp.token_ids = list(comp.token_ids) + list(nxt.token_ids)
+                    if nxt.logprobs:
+                        assert comp.logprobs is not None
+                        comp.logprobs.extend(nxt.logprobs)
+                    comp.cumulative_logprob = nxt.cumulative_logprob
+                    comp.finish_reason, comp.stop_reason = nxt.finish_reason, nxt.stop_reason
+                else:
+                    self.outputs[i] = nxt
+                break
+            else:
+                self.outputs.append(nxt)
 
     def __repr__(self) -> str:
         return (

@@ -1,4 +1,5 @@
-"""Mirror of ``vllm.engine.arg_utils.EngineArgs``: a dataclass, so unknown fields raise TypeError."""
+"""Mirror of ``vllm.engine.arg_utils``: ``EngineArgs`` and ``AsyncEngineArgs``, dataclasses, so unknown
+fields raise TypeError."""
 
 from __future__ import annotations
 
@@ -35,3 +36,10 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """Arguments for the asynchronous engine (``AsyncLLM``): ``EngineArgs`` plus request logging."""
+
+    enable_log_requests: bool = False

@@ -260,10 +260,18 @@ class LLMEngine:
 
 
 def _validate_structured(so: Any) -> None:
-    """Like vLLM's input processor: a malformed JSON schema or an empty constraint is a ValueError
-    (the toy model does not follow the constraint; the adapter's translation is what is tested)."""
+    """Like vLLM's input processor: a malformed JSON schema or regex, or an empty constraint, is a
+    ValueError (the toy model does not follow the constraint; the adapter's translation is what is
+    tested)."""
     if so is None:
         return
+    if so.regex is not None:
+        import re
+
+        try:
+            re.compile(so.regex)
+        except re.error as exc:
+            raise ValueError(f"Failed to convert the regex {so.regex!r}: {exc}") from None
     if isinstance(so.json, str):
         import json
 

@@ -1,0 +1,191 @@
+"""vLLM in DJL's async mode: the asynchronous engine vLLM's own OpenAI server runs (``AsyncLLM``).
+
+``VllmEngine.from_config`` builds this adapter when ``config.async_mode`` is set:
+``AsyncLLM.from_engine_args(AsyncEngineArgs(...))`` (``vllm.v1.engine.async_llm``; older releases:
+``vllm.AsyncLLMEngine``) with the same engine settings as the synchronous adapter. vLLM's engine
+core runs in its own process and an output task on the caller's event loop (started when the
+engine is built inside a running loop, else by the first request), so the engine must be used
+from the one event loop that built it or served its first request; DJL's async worker and ours
+run init and requests on one loop.
+
+Per request (:class:`~djl_handlers.engines.base.AsyncEngine`):
+
+- ``generate_async`` awaits ``engine.generate({"prompt_token_ids": [...]}, SamplingParams(...),
+  str(request_id), lora_request=...)`` with ``output_kind=RequestOutputKind.DELTA`` (cumulative
+  outputs on a vLLM without it) and turns each ``RequestOutput`` into step outputs exactly as the
+  synchronous adapter does (``vllm_outputs``). A request vLLM rejects raises its 400 error
+  (``vllm_requests.rejection``) from the first iteration.
+- ``abort_async`` is ``engine.abort(str(request_id))``: async mode calls it when it stops reading
+  a request (a stop rule of ours, a cancel, a client that went away); closing the stream does the
+  same inside vLLM.
+
+LoRA: DJL's adapter API registers adapters synchronously, but ``AsyncLLM.add_lora``/``pin_lora``/
+``remove_lora`` are coroutines: registration checks the folder and the rank (``max_lora_rank``)
+at once and schedules vLLM's call on the running loop (a failure is logged; vLLM also loads an
+adapter from its folder with the first request that names it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.external.common import fit_kwargs, import_engine_library
+from djl_handlers.engines.external.vllm_config import (
+    engine_args_kwargs,
+    engine_tokenizer,
+    eos_ids,
+    is_lmi_dist,
+    require_loras,
+)
+from djl_handlers.engines.external.vllm_outputs import OutputTrack, step_outputs
+from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
+from djl_handlers.errors import ConfigError
+
+__all__ = ["VllmAsyncEngine", "async_llm_class"]
+
+LOG = logging.getLogger(__name__)
+
+
+def async_llm_class(vllm: Any) -> Any:
+    """vLLM's asynchronous engine class: ``vllm.v1.engine.async_llm.AsyncLLM``, else (releases
+    before V1) ``vllm.AsyncLLMEngine`` (the same ``generate``/``abort`` API)."""
+    try:
+        return importlib.import_module(f"{vllm.__name__}.v1.engine.async_llm").AsyncLLM
+    except (ImportError, AttributeError):
+        return vllm.AsyncLLMEngine
+
+
+class VllmAsyncEngine:
+    """The :class:`~djl_handlers.engines.base.AsyncEngine` protocol over vLLM's ``AsyncLLM``
+    (see the module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, engine: Any, vllm: Any) -> None:
+        self.engine = engine
+        self._vllm = vllm
+        self.tokenizer = engine_tokenizer(engine)
+        self.max_model_len = int(engine.model_config.max_model_len)
+        self.eos_token_ids = eos_ids(self.tokenizer)
+        self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
+
+    @classmethod
+    def from_config(cls, config: Any, engine_name: str = "vllm") -> VllmAsyncEngine:
+        """Build ``AsyncLLM.from_engine_args(AsyncEngineArgs(...))`` from a ServingConfig-like object."""
+        vllm = import_engine_library("vllm", engine_name)
+        lmi_dist = is_lmi_dist(engine_name, config)
+        kwargs = fit_kwargs(vllm.AsyncEngineArgs, engine_args_kwargs(config), "vllm")
+        LOG.info("starting vLLM %s (AsyncLLM, async mode): %s", getattr(vllm, "__version__", "?"), kwargs)
+        try:
+            engine = async_llm_class(vllm).from_engine_args(vllm.AsyncEngineArgs(**kwargs))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
+        adapter = cls(engine, vllm)
+        if kwargs.get("enable_lora"):
+            from djl_handlers.lora.external import vllm_loras
+
+            adapter.loras = vllm_loras(_ScheduledLoraCalls(engine, int(kwargs.get("max_lora_rank") or 16)))
+        if lmi_dist:
+            adapter.name = "lmi-dist (served by vLLM)"
+        return adapter
+
+    # -- AsyncEngine protocol ----------------------------------------------------------------------
+    async def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
+        """Run ``request`` in vLLM; yields its new step outputs per ``RequestOutput``."""
+        sampling, delta = sampling_params(self._vllm, request.params, delta=True)
+        lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
+        rid = request.request_id
+        track = OutputTrack.for_request(request.prompt_ids, request.params)
+        stream = self.engine.generate(prompt_of(request), sampling, str(rid), **lora)
+        started = False
+        try:
+            async for output in stream:
+                started = True
+                outs = step_outputs(rid, track, output, self.tokenizer, delta) if output.outputs else []
+                if outs:
+                    yield outs
+                if track.finished:
+                    return
+        except Exception as exc:
+            error = None if started else rejection(exc, request.params)
+            if error is None:
+                raise
+            raise error from exc
+        finally:
+            await stream.aclose()
+
+    async def abort_async(self, request_id: int) -> None:
+        """End the request in vLLM (``AsyncLLM.abort``); an unknown or finished id does nothing."""
+        await self.engine.abort(str(request_id))
+
+    def close(self) -> None:
+        """Stop vLLM's engine-core process."""
+        shutdown = getattr(self.engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+
+    # -- LoRA adapters (djl_handlers.lora) -----------------------------------------------------
+    def load_adapter(self, spec: Any) -> None:
+        """Register a LoRA adapter (its ``LoRARequest``; vLLM's ``add_lora`` is scheduled)."""
+        require_loras(self).load(spec)
+
+    def unload_adapter(self, name: str) -> None:
+        """Unregister a LoRA adapter (vLLM's ``remove_lora`` is scheduled)."""
+        if self.loras is not None:
+            self.loras.unload(name)
+
+
+class _ScheduledLoraCalls:
+    """``add_lora``/``pin_lora``/``remove_lora`` of an ``AsyncLLM`` as plain calls, the shape
+    ``lora.external.vllm_loras`` takes: each checks what it can at once and schedules vLLM's
+    coroutine on the running event loop."""
+
+    def __init__(self, engine: Any, max_lora_rank: int) -> None:
+        self._engine = engine
+        self._max_rank = max_lora_rank
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def add_lora(self, lora_request: Any) -> None:
+        rank = _adapter_rank(lora_request.lora_path)
+        if rank is not None and rank > self._max_rank:  # vLLM's own check, made before the call
+            raise ValueError(f"LoRA rank {rank} is greater than max_lora_rank {self._max_rank}.")
+        self._schedule(lambda: self._engine.add_lora(lora_request), f"add_lora({lora_request.lora_name})")
+
+    def pin_lora(self, lora_id: int) -> None:
+        self._schedule(lambda: self._engine.pin_lora(lora_id), f"pin_lora({lora_id})")
+
+    def remove_lora(self, lora_id: int) -> None:
+        self._schedule(lambda: self._engine.remove_lora(lora_id), f"remove_lora({lora_id})")
+
+    def _schedule(self, call: Callable[[], Coroutine[Any, Any, Any]], what: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            LOG.warning("vLLM %s not sent: no running event loop (vLLM loads an adapter with its first request)",
+                        what)
+            return
+        task = loop.create_task(call())
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._finished(done, what))
+
+    def _finished(self, task: asyncio.Task[Any], what: str) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            LOG.error("vLLM %s failed: %s", what, task.exception())
+
+
+def _adapter_rank(folder: str) -> int | None:
+    """The rank ``r`` in a PEFT adapter folder's ``adapter_config.json`` (None when unreadable)."""
+    try:
+        with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as handle:
+            rank = json.load(handle).get("r")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(rank) if isinstance(rank, int) else None

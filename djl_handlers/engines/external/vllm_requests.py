@@ -1,0 +1,79 @@
+"""A request as vLLM takes it: ``SamplingParams`` from our parameters (``params.translate.to_vllm``),
+the prompt, and vLLM's rejections turned into the request's own 400 errors.
+
+vLLM rejects a request with ``ValueError`` or, since 0.11, ``VLLMValidationError`` (not a
+``ValueError``); ``AsyncLLM.generate`` re-raises the latter and wraps anything else in
+``EngineGenerateError`` with the original as its cause, so the cause chain is searched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Optional
+
+from djl_handlers.engines.base import EngineRequest
+from djl_handlers.engines.external.common import fit_kwargs, vllm_structured_kwargs
+from djl_handlers.errors import DjlHandlersError, InvalidParameter, PromptTooLong
+from djl_handlers.params.generation import GenerationParameters
+
+
+def sampling_params(vllm: Any, params: GenerationParameters, delta: bool = False) -> tuple[Any, bool]:
+    """``(vllm.SamplingParams, is_delta)`` for ``params``; with ``delta`` the outputs are
+    ``RequestOutputKind.DELTA`` when the installed vLLM has it (``is_delta`` says whether it does).
+    Bad parameters raise ``InvalidParameter``."""
+    from djl_handlers.params.translate import to_vllm
+
+    kwargs = to_vllm(params)
+    structured = kwargs.pop("structured_outputs", None)
+    kwargs = fit_kwargs(vllm.SamplingParams, kwargs, "vllm")
+    kind = _delta_kind(vllm) if delta else None
+    if kind is not None:
+        kwargs["output_kind"] = kind
+    try:
+        if structured is not None:
+            kwargs.update(vllm_structured_kwargs(vllm, structured))
+        return vllm.SamplingParams(**kwargs), kind is not None
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter(f"vLLM rejected the parameters: {exc}") from exc
+
+
+def _delta_kind(vllm: Any) -> Any:
+    """``RequestOutputKind.DELTA`` of the installed vLLM (0.6+), else None."""
+    try:
+        module = importlib.import_module(f"{vllm.__name__}.sampling_params")
+    except ImportError:
+        return None
+    return getattr(getattr(module, "RequestOutputKind", None), "DELTA", None)
+
+
+def prompt_of(request: EngineRequest) -> Any:
+    """The prompt as vLLM takes it: the pipeline's token ids (already truncated), else the text."""
+    return {"prompt_token_ids": list(request.prompt_ids)} if request.prompt_ids else request.prompt
+
+
+def rejection(exc: BaseException, params: GenerationParameters) -> Optional[DjlHandlersError]:
+    """The request's own error when ``exc`` is vLLM rejecting it (see the module docstring), else
+    None: ``PromptTooLong`` for the prompt, ``InvalidParameter`` naming a structured-output
+    constraint, else ``InvalidParameter``."""
+    cause = _rejection_cause(exc)
+    if cause is None:
+        return None
+    text = str(cause)
+    if "prompt" in text.lower():
+        return PromptTooLong(f"vLLM rejected the prompt: {text}", field="inputs")
+    constraint = params.structured_output
+    if constraint is not None:
+        return InvalidParameter(f"vLLM rejected {constraint.describe()}: {text}", field=constraint.source)
+    return InvalidParameter(f"vLLM rejected the request: {text}")
+
+
+def _rejection_cause(exc: BaseException) -> Optional[BaseException]:
+    seen = 0
+    current: Optional[BaseException] = exc
+    while current is not None and seen < 4:
+        if isinstance(current, DjlHandlersError):
+            return None
+        if isinstance(current, ValueError) or type(current).__name__.endswith("ValidationError"):
+            return current
+        current, seen = current.__cause__, seen + 1
+    return None
