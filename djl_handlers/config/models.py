@@ -16,6 +16,7 @@ from typing import Any
 
 from djl_handlers.config.engines import DTYPE_NAMES, ENGINES, canonical_engine
 from djl_handlers.config.hf import HuggingFaceOptions, read_hf_options
+from djl_handlers.config.parallel import ParallelOptions, read_parallel
 from djl_handlers.config.reader import Reader
 from djl_handlers.config.resolve import is_async_value
 from djl_handlers.errors import ConfigError
@@ -153,19 +154,6 @@ def _trtllm(r: Reader) -> TrtLlmOptions:
     )
 
 
-def _tensor_parallel(r: Reader, device: str) -> int:
-    """``max`` → 1 on CPU, -1 ("all devices") elsewhere; otherwise an int >= 1 or -1."""
-    found = r.get("tensor_parallel_degree")
-    if found is None:
-        return 1
-    label, value = found
-    if value.lower() == "max":
-        return 1 if device == "cpu" else -1
-    if re.fullmatch(r"-1|\d{1,4}", value) and int(value) != 0:
-        return int(value)
-    raise r.fail(label, value, "an integer >= 1, -1 (all devices) or 'max'")
-
-
 def _device(r: Reader) -> tuple[str, int | None]:
     """``option.device`` if given, else ``cuda:<device_id>`` for a device_id >= 0, else cpu.
 
@@ -236,7 +224,6 @@ def _common(r: Reader) -> dict[str, Any]:
         "dtype": r.choice("dtype", "fp32", DTYPES, "data_type"),
         "device": device,
         "device_id": device_id,
-        "tensor_parallel_degree": _tensor_parallel(r, device),
         "trust_remote_code": r.boolean("trust_remote_code", False),
         "output_formatter": r.text("output_formatter"),
         "tgi_compat": r.boolean("tgi_compat", False),
@@ -271,7 +258,6 @@ class ServingConfig:
     dtype: str = "fp32"
     device: str = "cpu"
     device_id: int | None = None
-    tensor_parallel_degree: int = 1
     trust_remote_code: bool = False
     output_formatter: str | None = None
     tgi_compat: bool = False
@@ -287,6 +273,7 @@ class ServingConfig:
     vllm: VllmOptions = field(default_factory=VllmOptions)
     trtllm: TrtLlmOptions = field(default_factory=TrtLlmOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
+    parallel: ParallelOptions = field(default_factory=ParallelOptions)
     raw: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -303,15 +290,17 @@ class ServingConfig:
         """
         name = _check_engine(engine)
         reader = Reader(options, server or {})
+        common = _common(reader)
         return cls(
             engine=name,
-            **_common(reader),
+            **common,
             **_batching(reader, name),
             hf=read_hf_options(reader, loading=name == "huggingface") if name in _HF_FAMILY else HuggingFaceOptions(),
             deepspeed=_deepspeed(reader) if name == "deepspeed" else DeepSpeedOptions(),
             vllm=_vllm(reader) if name in ("vllm", "lmi-dist") else VllmOptions(),
             trtllm=_trtllm(reader) if name == "tensorrt_llm" else TrtLlmOptions(),
             lora=_lora(reader),
+            parallel=read_parallel(reader, common["device"], name),
             raw={str(k): str(v) for k, v in options.items()},
         )
 
@@ -324,6 +313,11 @@ class ServingConfig:
         if self.rolling_batch != "auto":
             return self.rolling_batch
         return _AUTO_ROLLING[_check_engine(engine or self.engine)]
+
+    @property
+    def tensor_parallel_degree(self) -> int:
+        """``option.tensor_parallel_degree`` (-1: every device); ``parallel`` holds all the degrees."""
+        return self.parallel.tensor_parallel_degree
 
     @property
     def params_engine(self) -> str:

@@ -8,6 +8,8 @@
   ``option.embedded_model`` resolved to the embedded model's folder as the service does;
 * a local ``option.model_id`` (starting with ``/``, ``.`` or ``~``) exists; the embedded model's wheel
   is installed when it is used;
+* the tensor/pipeline-parallel degrees can split the model (its ``config.json``, when readable:
+  ``config.parallel.check_model_split``);
 * warnings for every key that nothing reads (``known_keys.key_warnings``).
 
 Nothing here imports an ML library or converts the embedded model. That ``option.output_formatter``
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from djl_handlers.config.known_keys import check_engine_value, key_warnings
+from djl_handlers.config.parallel import ModelShape, check_model_split
 from djl_handlers.errors import ConfigError
 
 __all__ = ["ENGINE_OF_ENTRY_POINT", "Preflight", "init_options", "preflight"]
@@ -79,6 +82,14 @@ def _check_model_id(model_id: str | None, model_dir: str) -> None:
         raise ConfigError(f"option.model_id={model_id!r}: no such folder", field="option.model_id")
 
 
+def _model_shape(model_id: str, model_dir: str) -> ModelShape | None:
+    """The shape in the local model folder's ``config.json`` (``model_id``, else the model directory)."""
+    folder = Path(model_id).expanduser() if model_id else Path(model_dir)
+    if model_id and not folder.is_absolute():
+        folder = Path(model_dir) / folder
+    return ModelShape.from_folder(folder) if folder.is_dir() else None
+
+
 def preflight(entry_point: str, model_dir: str, options: Mapping[str, str],
               server: Mapping[str, str]) -> Preflight:
     """Run the init-time checks for ``entry_point``; ``ConfigError`` on the first problem."""
@@ -93,5 +104,6 @@ def preflight(entry_point: str, model_dir: str, options: Mapping[str, str],
     config = ServingConfig.from_properties(props, server, engine)
     result.output_formatter = config.output_formatter or None
     _check_model_id(str(options.get("model_id") or "").strip(), model_dir)  # not the embedded folder: serve converts it
+    check_model_split(config.parallel, _model_shape(str(props.get("model_id") or "").strip(), model_dir))
     result.serving_config = dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
     return result

@@ -157,7 +157,7 @@ def test_max_rolling_batch_size_default_depends_on_backend() -> None:
 def test_tensor_parallel_and_device() -> None:
     assert cfg(tensor_parallel_degree="max").tensor_parallel_degree == 1
     assert cfg(tensor_parallel_degree="max", device_id="0").tensor_parallel_degree == -1
-    assert cfg(tensor_parallel_degree="4").tensor_parallel_degree == 4
+    assert cfg("vllm", tensor_parallel_degree="4").tensor_parallel_degree == 4  # the HF engine: test_config_parallel
     assert cfg(device_id="1").device == "cuda:1"
     assert cfg(device_id="-1").device == "cpu"
     assert cfg(device="CUDA:2").device == "cuda:2"

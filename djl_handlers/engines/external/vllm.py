@@ -36,6 +36,7 @@ from djl_handlers.engines.external.vllm_config import (
     require_loras,
 )
 from djl_handlers.engines.external.vllm_outputs import OutputTrack, map_finish_reason, step_outputs
+from djl_handlers.engines.external.vllm_parallel import ranks_started
 from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
 from djl_handlers.errors import ConfigError
 
@@ -72,7 +73,8 @@ class VllmEngine:
         kwargs = fit_kwargs(vllm.EngineArgs, engine_args_kwargs(config), "vllm")
         LOG.info("starting vLLM %s: %s", getattr(vllm, "__version__", "?"), kwargs)
         try:
-            engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**kwargs))
+            with ranks_started(vllm, config, kwargs):  # checks the degrees; CPU thread binding of the ranks
+                engine = vllm.LLMEngine.from_engine_args(vllm.EngineArgs(**kwargs))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         adapter = cls(engine)

@@ -45,6 +45,7 @@ from djl_handlers.engines.external.vllm_config import (
     require_loras,
 )
 from djl_handlers.engines.external.vllm_outputs import OutputTrack, step_outputs
+from djl_handlers.engines.external.vllm_parallel import ranks_started
 from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
 from djl_handlers.errors import ConfigError
 
@@ -75,6 +76,7 @@ class VllmAsyncEngine:
         self.max_model_len = int(engine.model_config.max_model_len)
         self.eos_token_ids = eos_ids(self.tokenizer)
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
+        self._unfinished: set[int] = set()  # requests vLLM has not finished (abort_async skips the others)
 
     @classmethod
     def from_config(cls, config: Any, engine_name: str = "vllm") -> VllmAsyncEngine:
@@ -84,7 +86,8 @@ class VllmAsyncEngine:
         kwargs = fit_kwargs(vllm.AsyncEngineArgs, engine_args_kwargs(config), "vllm")
         LOG.info("starting vLLM %s (AsyncLLM, async mode): %s", getattr(vllm, "__version__", "?"), kwargs)
         try:
-            engine = async_llm_class(vllm).from_engine_args(vllm.AsyncEngineArgs(**kwargs))
+            with ranks_started(vllm, config, kwargs):  # checks the degrees; CPU thread binding of the ranks
+                engine = async_llm_class(vllm).from_engine_args(vllm.AsyncEngineArgs(**kwargs))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         adapter = cls(engine, vllm)
@@ -105,10 +108,13 @@ class VllmAsyncEngine:
         track = OutputTrack.for_request(request.prompt_ids, request.params)
         stream = self.engine.generate(prompt_of(request), sampling, str(rid), **lora)
         started = False
+        self._unfinished.add(rid)
         try:
             async for output in stream:
                 started = True
                 outs = step_outputs(rid, track, output, self.tokenizer, delta) if output.outputs else []
+                if track.finished:
+                    self._unfinished.discard(rid)
                 if outs:
                     yield outs
                 if track.finished:
@@ -119,11 +125,14 @@ class VllmAsyncEngine:
                 raise
             raise error from exc
         finally:
+            self._unfinished.discard(rid)
             await stream.aclose()
 
     async def abort_async(self, request_id: int) -> None:
         """End the request in vLLM (``AsyncLLM.abort``); an unknown or finished id does nothing."""
-        await self.engine.abort(str(request_id))
+        if request_id in self._unfinished:
+            self._unfinished.discard(request_id)
+            await self.engine.abort(str(request_id))
 
     def close(self) -> None:
         """Stop vLLM's engine-core process."""

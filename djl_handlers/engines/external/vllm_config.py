@@ -10,7 +10,8 @@ import logging
 from typing import Any
 
 from djl_handlers.config.engines import DTYPE_NAMES
-from djl_handlers.engines.external.common import resolve_model, tensor_parallel_size
+from djl_handlers.engines.external.common import resolve_model
+from djl_handlers.engines.external.vllm_parallel import parallel_kwargs
 
 LOG = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ def engine_args_kwargs(config: Any) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "model": resolve_model(config),
         "dtype": DTYPE_NAMES.get(dtype, dtype),
-        "tensor_parallel_size": tensor_parallel_size(config),
+        **parallel_kwargs(config),  # tensor/pipeline/data parallel sizes, executor backend
         "max_num_seqs": int(getattr(config, "max_rolling_batch_size", 256) or 256),
         "trust_remote_code": bool(getattr(config, "trust_remote_code", False)),
     }
