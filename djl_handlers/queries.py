@@ -130,7 +130,10 @@ def detokenize(service: InferenceService, body: dict[str, Any]) -> dict[str, Any
     if not isinstance(tokens, list) or not all(_token_id(t, size) for t in tokens):
         bound = f" below {size}" if size else ""
         raise InvalidRequest(f"tokens must be a list of token ids (integers >= 0{bound})", field="tokens")
-    return {"prompt": _tokenizer(service).decode(tokens)}
+    try:
+        return {"prompt": _tokenizer(service).decode(tokens)}
+    except (ValueError, OverflowError, IndexError, KeyError, TypeError) as exc:
+        raise InvalidRequest(f"tokens holds an id this tokenizer does not know ({exc})", field="tokens") from None
 
 
 def tgi_tokenize(service: InferenceService, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -143,6 +146,7 @@ def tgi_tokenize(service: InferenceService, body: dict[str, Any]) -> list[dict[s
     check_text(text, "inputs")
     if body.get("parameters") is not None and not isinstance(body["parameters"], dict):
         raise InvalidRequest("parameters must be an object", field="parameters")
+    _flag(body, "stream", False)  # accepted (TGI's body has it), ignored: a tokenization is not streamed
     tokenizer = _tokenizer(service)
     ids, spans = _offsets(tokenizer, text)
     return [{"id": i, "text": text[start:stop], "start": start, "stop": stop}
@@ -206,6 +210,8 @@ def _check_keys(body: dict[str, Any], allowed: frozenset[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequest(f"unsupported field(s) {unknown}", field=unknown[0])
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise InvalidRequest("model must be a string", field="model")
 
 
 def _body(inputs: Any) -> dict[str, Any]:

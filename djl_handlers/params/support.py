@@ -44,7 +44,7 @@ _TABLE: Mapping[str, str] = {
     "num_beams": "UUUUU",
     "length_penalty": "UUNUU",
     "early_stopping": "UUUUU",
-    "stop_token_ids": "UUNNN",
+    "stop_token_ids": "EENNN",  # HF/DeepSpeed: the scheduler stops on them (scheduling/slot.py)
     "include_stop_str_in_output": "EENNN",
     "logprobs": "UUNNN",
     "prompt_logprobs": "UUNNN",

@@ -49,6 +49,9 @@ class RequestSlot:
             IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens) if tokenizer else None
         )
         self._eos = frozenset() if params.ignore_eos_token else eos_token_ids
+        # stop_token_ids for engines that do not stop on them (the HF engine): a stop token ends the
+        # request like eos (its text left out unless include_stop_str_in_output), ignore_eos or not
+        self._stop_ids = frozenset(params.stop_token_ids) - self._eos
         self._stops = StopSequenceMatcher(params.stop_sequences or ())
         # The stop string is removed from the text (docs/parameters.md): text that could be the start
         # of one is held back until it cannot be, unless include_stop_str_in_output keeps it.
@@ -108,20 +111,26 @@ class RequestSlot:
             self.fail(step.error)
             return
         is_eos = step.token_id in self._eos
+        stop_id = self._is_stop_token(step.token_id)
+        hidden = is_eos or (stop_id and not self._keep_stop)
         if step.text is not None:
             text = step.text
-        elif is_eos or self._detok is None:
+        elif hidden or self._detok is None:
             text = ""
         else:
             text = self._detok.push(step.token_id)
-        token = Token(step.token_id, text, step.log_prob, special=is_eos)
+        token = Token(step.token_id, text, step.log_prob, special=hidden)
         self.output.tokens.append(token)
         self.output.new_tokens.append(token)
         if step.prompt_logprobs is not None:
             self.output.prefill = self._prefill_tokens(step.prompt_logprobs)
         if self._top_n:
             self.output.top_tokens.append([self._lone_token(t, lp) for t, lp in step.top_tokens or ()])
-        self._check_stop(step, is_eos)
+        self._check_stop(step, is_eos or stop_id)
+
+    def _is_stop_token(self, token_id: int) -> bool:
+        """A ``stop_token_ids`` token once ``min_new_tokens`` is reached (before, it is text)."""
+        return token_id in self._stop_ids and len(self.output.tokens) + 1 >= self._min_tokens
 
     def _lone_token(self, token_id: int, log_prob: Optional[float]) -> Token:
         """A token decoded on its own (prompt and top tokens: no surrounding context)."""

@@ -125,7 +125,19 @@ def _ok(content: dict[str, Any] | None = None, errors: tuple[str, ...] = ("DjlEr
 
 
 def _streams(*names: str, extra: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """A jsonlines body: one of ``names`` per line (``x-stream-item``; OpenAPI 3.1 has no keyword)."""
     return {"schema": {"type": "string"}, "x-stream-item": _any(*names, extra=extra)}
+
+
+def _events(*names: str, done: bool = False) -> dict[str, Any]:
+    """A ``text/event-stream`` body: ``schema`` is one event (OpenAPI 3.1's reading), whose ``data``
+    is JSON of one of ``names`` (``contentSchema``), or ``[DONE]`` when ``done``."""
+    item = _any(*names)
+    data: dict[str, Any] = {"type": "string", "contentMediaType": _JSON, "contentSchema": item}
+    if done:
+        data = {"type": "string", "if": _DONE, "else": {"contentMediaType": _JSON, "contentSchema": item}}
+    event = {"type": "object", "required": ["data"], "properties": {"data": data, "event": {"type": "string"}}}
+    return {"schema": event, "x-stream-item": _any(*names, extra=(_DONE,) if done else ())}
 
 
 def _inference(bodies: _Bodies) -> dict[str, Any]:
@@ -133,8 +145,8 @@ def _inference(bodies: _Bodies) -> dict[str, Any]:
                                       "TgiResults")},
               _LINES: _streams("LmiStreamLine", "LmiOutputsLine", "ThreePResult", "ChatCompletionChunk", "Completion",
                                "RecordError"),
-              _SSE: _streams("LmiStreamLine", "TgiStreamEvent", "ChatCompletionChunk", "Completion", "OpenAIError",
-                             "TgiError", extra=(_DONE,)),
+              _SSE: _events("LmiStreamLine", "TgiStreamEvent", "ChatCompletionChunk", "Completion", "OpenAIError",
+                            "TgiError", "RecordError", done=True),
               _TEXT: {"schema": {"type": "string"}}}
     lmi_errors = ("DjlError", "HandlerError", "RecordError", "LmiResult", "OpenAIError", "TgiError", "ThreePResult")
     lmi_body = _json_body({"anyOf": [bodies.lmi(), bodies.openai(CHAT), bodies.openai(COMPLETION)]}, text=True)
@@ -144,12 +156,12 @@ def _inference(bodies: _Bodies) -> dict[str, Any]:
                 "responses": _ok(lmi_ok, lmi_errors)}
 
     def openai(api: str, whole: str, chunk: str) -> dict[str, Any]:
-        content = {_JSON: {"schema": ref(whole)}, _SSE: _streams(chunk, "OpenAIError", extra=(_DONE,))}
+        content = {_JSON: {"schema": ref(whole)}, _SSE: _events(chunk, "OpenAIError", done=True)}
         return {"post": {"summary": f"OpenAI {api}", "parameters": [_ADAPTER_HEADER],
                          "requestBody": _json_body(bodies.openai(api)),
                          "responses": _ok(content, ("OpenAIError", "DjlError"))}}
 
-    tgi_content = {_JSON: {"schema": ref("TgiResults")}, _SSE: _streams("TgiStreamEvent", "TgiError")}
+    tgi_content = {_JSON: {"schema": ref("TgiResults")}, _SSE: _events("TgiStreamEvent", "TgiError")}
     tgi = {"summary": "TGI generate", "parameters": [_ADAPTER_HEADER], "requestBody": _json_body(bodies.tgi()),
            "responses": _ok(tgi_content, ("TgiError", "DjlError"))}
     model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}

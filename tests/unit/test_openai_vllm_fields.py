@@ -58,6 +58,7 @@ def test_every_parameter_field_names_a_real_lmi_parameter() -> None:
     ("include_stop_str_in_output", True, "include_stop_str_in_output", True),
     ("skip_special_tokens", False, "skip_special_tokens", False),
     ("truncate_prompt_tokens", 4, "truncate", 4),
+    ("stop_token_ids", [5], "stop_token_ids", (5,)),
 ])
 def test_vllm_fields_set_lmi_parameters_on_the_hf_engine(field: str, value: Any, parameter: str,
                                                           expected: Any) -> None:
@@ -67,7 +68,7 @@ def test_vllm_fields_set_lmi_parameters_on_the_hf_engine(field: str, value: Any,
 
 
 @pytest.mark.parametrize(("field", "value", "parameter"), [
-    ("min_p", 0.1, "min_p"), ("stop_token_ids", [5], "stop_token_ids"), ("bad_words", ["x"], "bad_sequences"),
+    ("min_p", 0.1, "min_p"), ("bad_words", ["x"], "bad_sequences"),
     ("spaces_between_special_tokens", False, "spaces_between_special_tokens"),
 ])
 def test_fields_the_hf_engine_cannot_honour_are_a_400_naming_them(field: str, value: Any, parameter: str) -> None:
@@ -192,3 +193,23 @@ def test_min_tokens_passes_over_stop_strings_until_reached() -> None:
     assert late["choices"][0]["finish_reason"] == "stop"
     assert late["choices"][0]["text"] == REPLY[:REPLY.index("o", 13)]  # the "o" of "fox"
     assert late["usage"]["completion_tokens"] == REPLY.index("o", 13) + 1
+
+
+def test_stop_token_ids_end_the_request_on_the_hf_pipeline() -> None:
+    stop = ord("o")  # one byte a token: the "o" of "brown" (index 12), then of "fox" (17)
+    body = {"prompt": "x", "max_tokens": 30, "temperature": 0, "stop_token_ids": [stop]}
+    stopped = _run(body)
+    assert stopped["choices"][0]["text"] == REPLY[:12] and stopped["choices"][0]["finish_reason"] == "stop"
+    assert _run({**body, "include_stop_str_in_output": True})["choices"][0]["text"] == REPLY[:13]
+    assert _run({**body, "min_tokens": 14})["choices"][0]["text"] == REPLY[:17]  # the first "o" was text
+    assert _run({**body, "ignore_eos": True})["choices"][0]["text"] == REPLY[:12]
+
+
+def test_docs_name_every_field_of_the_table() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text(encoding="utf-8")
+    section = text.split("#### vLLM's extra request fields")[1].split("\n### ")[0]
+    own = {name for api in FIELDS.values() for name, spec in api.items() if spec.handling == "own"}
+    missing = [name for api in FIELDS.values() for name in api if name not in own and f"`{name}`" not in section]
+    assert not missing

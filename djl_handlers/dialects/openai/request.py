@@ -87,6 +87,9 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
         by_model = openai_adapter(body.get("model"), settings.adapters)
         adapters = (by_model,) if by_model else ()
     req = chat_to_lmi(rest, settings.chat_template) if chat else completion_to_lmi(rest)
+    if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+        # the default never exceeds the server's cap (option.max_new_tokens_limit), as LMI's does not
+        req.parameters["max_new_tokens"] = min(DEFAULT_MAX_TOKENS, settings.max_new_tokens_limit)
     try:
         gen = generation_parameters(item, req.parameters, settings)
     except InvalidParameter as exc:
@@ -301,6 +304,8 @@ def _options(body: dict[str, Any], logprobs: Optional[bool | int], top_logprobs:
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise InvalidParameter("stream_options must be an object", field="stream_options")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise InvalidRequest(f"model must be a string, got {_show(body['model'])}", field="model")
     return ResponseOptions(model=str(body.get("model") or ""), logprobs=logprobs,
                            top_logprobs=top_logprobs,
                            include_usage=bool(stream_options and stream_options.get("include_usage")))
