@@ -78,8 +78,25 @@ def resolve_device(device: str) -> str:
     return device
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    """A loaded model, its tokenizer, and what each CPU kernel patch did to it (one line per patch of
+    :data:`~djl_handlers.engines.hf.cpu.patches.PATCHES`; empty off the CPU)."""
+
+    model: Any
+    tokenizer: Any
+    cpu_patches: dict[str, str]
+
+
 def load_model_and_tokenizer(opts: LoadOptions) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` in eval mode on the requested device and dtype.
+    """Load ``(model, tokenizer)`` in eval mode on the requested device and dtype (:func:`load_model`)."""
+    loaded = load_model(opts)
+    return loaded.model, loaded.tokenizer
+
+
+def load_model(opts: LoadOptions) -> LoadedModel:
+    """Load the model and tokenizer in eval mode on the requested device and dtype; a model on the
+    CPU gets the kernel patches its options choose, and the result says which applied.
 
     Raises:
         ConfigError: the model cannot be found or loaded (message names the model id).
@@ -107,8 +124,9 @@ def load_model_and_tokenizer(opts: LoadOptions) -> tuple[Any, Any]:
     device = resolve_device(opts.device)
     model.to(device)
     model.eval()
+    report: dict[str, str] = {}
     if device == "cpu":
         from djl_handlers.engines.hf.cpu.patches import apply
 
-        apply(model, opts.hf)
-    return model, tokenizer
+        report = apply(model, opts.hf)
+    return LoadedModel(model, tokenizer, report)

@@ -187,7 +187,7 @@ def _mlp_matches(fused: FusedMLP, weight: torch.Tensor) -> bool:
     return True
 
 
-def _groups(model: Any) -> list[list[torch.nn.Linear]]:
+def sibling_groups(model: Any) -> list[list[torch.nn.Linear]]:
     """Sibling projections of ``model`` that can share one GEMM: plain ``nn.Linear`` modules under
     one parent, named as in :data:`GROUPS`, with the same input size, dtype and bias presence, on
     the CPU in fp32 or bf16, and without forward pre-hooks."""
@@ -251,7 +251,7 @@ def fuse_projections(model: Any, check: bool = True, mlp: bool = True) -> int:
     the fusion (logged) and returns 0."""
     if not onednn_available():
         return 0
-    groups = _groups(model)
+    groups = sibling_groups(model)
     if not groups:
         return 0
     dtype = groups[0][0].weight.dtype
@@ -263,7 +263,7 @@ def fuse_projections(model: Any, check: bool = True, mlp: bool = True) -> int:
         got = _probe(model)
         if want is None or got is None or not _close(want, got, dtype):
             unfuse_projections(model)
-            LOG.info("option.cpu_fuse_projections: this model's forward does not take the fused projections; "
+            LOG.debug("option.cpu_fuse_projections: this model's forward does not take the fused projections; "
                      "each projection stays its own GEMM")
             return 0
     return len(groups)

@@ -90,7 +90,7 @@ def prepack_linears(model: Any) -> int:
     forward; returns how many. Subclasses (quantized or PEFT layers) are left alone; PEFT's
     wrappers call their base ``nn.Linear``, which is packed."""
     if not available():
-        LOG.info("option.cpu_linear=onednn: this torch has no oneDNN; using torch's linear")
+        LOG.debug("option.cpu_linear=onednn: this torch has no oneDNN; using torch's linear")
         return 0
     count = 0
     for module in model.modules():

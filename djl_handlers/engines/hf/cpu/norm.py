@@ -95,11 +95,11 @@ def fuse_rms_norms(model: Any) -> int:
     """Give every Llama-style RMSNorm of ``model`` that passes :func:`matches` a
     :class:`FusedRMSNorm` forward; returns how many (0 when the kernel cannot be built here)."""
     if not kernel.available():
-        LOG.info("option.cpu_norm=fused: the RMSNorm kernel cannot be built here (%s); using torch's",
+        LOG.debug("option.cpu_norm=fused: the RMSNorm kernel cannot be built here (%s); using torch's",
                  kernel.unavailable_reason())
         return 0
     if kernel.lanes() is None:
-        LOG.info("option.cpu_norm=fused: the RMSNorm kernel does not reproduce this torch's sums; using torch's")
+        LOG.debug("option.cpu_norm=fused: the RMSNorm kernel does not reproduce this torch's sums; using torch's")
         return 0
     count = 0
     rejected: set[str] = set()
@@ -121,10 +121,10 @@ def fuse_rms_norms(model: Any) -> int:
         module.forward = FusedRMSNorm(module, original, eps, previous)
         count += 1
     if unsupported:
-        LOG.info("option.cpu_norm: the kernel handles fp32/bf16 on the CPU; kept torch's forward for %s",
+        LOG.debug("option.cpu_norm: the kernel handles fp32/bf16 on the CPU; kept torch's forward for %s",
                  ", ".join(sorted(unsupported)))
     if rejected:
-        LOG.info("option.cpu_norm: kept torch's forward for %s (not Llama's RMSNorm formula)",
+        LOG.debug("option.cpu_norm: kept torch's forward for %s (not Llama's RMSNorm formula)",
                  ", ".join(sorted(rejected)))
     return count
 

@@ -51,7 +51,7 @@ class FastRotary:
         return self.original(q, k, cos, sin, *args, **kwargs)
 
 
-def _modules(model: Any) -> list[Any]:
+def modeling_modules(model: Any) -> list[Any]:
     """The modeling modules of ``model``'s attention classes that call ``apply_rotary_pos_emb``."""
     found: dict[str, Any] = {}
     for module in model.modules():
@@ -89,7 +89,7 @@ def enable(model: Any) -> int:
     original's bits in the model's dtype; returns how many modules use it (0 when the kernel cannot
     be built, logged)."""
     if not kernel.available():
-        LOG.info("option.cpu_rotary=fused: the rotary kernel cannot be built here (%s); using torch's",
+        LOG.debug("option.cpu_rotary=fused: the rotary kernel cannot be built here (%s); using torch's",
                  kernel.unavailable_reason())
         return 0
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
@@ -97,11 +97,11 @@ def enable(model: Any) -> int:
         return 0
     head_dim = int(getattr(getattr(model, "config", None), "head_dim", 0) or 64)
     count = 0
-    for owner in _modules(model):
+    for owner in modeling_modules(model):
         current = getattr(owner, _NAME)
         original = current.original if isinstance(current, FastRotary) else current
         if not matches(original, dtype, head_dim if head_dim % 2 == 0 else 64):
-            LOG.info("option.cpu_rotary: %s.%s does not compute what the kernel computes; kept",
+            LOG.debug("option.cpu_rotary: %s.%s does not compute what the kernel computes; kept",
                      owner.__name__, _NAME)
             continue
         if not isinstance(current, FastRotary):
@@ -113,7 +113,7 @@ def enable(model: Any) -> int:
 def disable(model: Any) -> int:
     """Put back the original ``apply_rotary_pos_emb`` of ``model``'s modeling modules."""
     count = 0
-    for owner in _modules(model):
+    for owner in modeling_modules(model):
         current = getattr(owner, _NAME)
         if isinstance(current, FastRotary):
             setattr(owner, _NAME, current.original)
