@@ -28,6 +28,17 @@ def _emit(out: TextIO, data: bytes, flush: bool) -> None:
         out.flush()
 
 
+def _record(out: TextIO, record: Record, status: int | None, flush: bool) -> tuple[int | None, int | None]:
+    """Print one record as the front end would; returns ``(status so far, final status or None)``."""
+    if record.code is not None:
+        _emit(out, record.error_body(), flush)
+        return status, status or record.code
+    if record.data:
+        status = status or 200
+        _emit(out, record.data.encode("utf-8"), flush)
+    return status, (status or 200) if record.last else None
+
+
 def drive_rolling(transport: Transport, request: WorkerRequest, handler: str, out: TextIO,
                   flush: bool = False, max_steps: int = 1_000_000) -> int:
     """Step one request to its end; returns the HTTP status it would get."""
@@ -41,15 +52,9 @@ def drive_rolling(transport: Transport, request: WorkerRequest, handler: str, ou
         except BatchFailure as exc:
             _emit(out, Record(code=exc.code, error=exc.message).error_body(), flush)
             return exc.code
-        _, record, _headers = results[0]
-        if record.code is not None:
-            _emit(out, record.error_body(), flush)
-            return status or record.code
-        if record.data:
-            status = status or 200
-            _emit(out, record.data.encode("utf-8"), flush)
-        if record.last:
-            return status or 200
+        status, final = _record(out, results[0][1], status, flush)
+        if final is not None:
+            return final
     return 500
 
 
@@ -67,12 +72,10 @@ def drive_dynamic(transport: Transport, request: WorkerRequest, handler: str, ou
 
 async def drive_async(transport: Any, settings: ServerSettings, request: WorkerRequest, out: TextIO,
                       flush: bool = False) -> int:
-    """Async mode: the init call, then one request whose replies are records (``AsyncRequestManager``)."""
+    """Async mode: the init call, then one request whose replies are records (``AsyncRequestManager``);
+    -1 when the init call failed."""
     async for init in transport.stream_async(settings.init_properties(), []):
-        if init.code >= 300:
-            detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")
-            print(f"djl-handlers: model initialization failed ({init.code} {init.message}): {detail}",
-                  file=sys.stderr)
+        if _init_failed(init):
             return -1
     properties = dict(request.properties, request_tracking_id="generate", handler=settings.handler)
     status: int | None = None
@@ -81,43 +84,37 @@ async def drive_async(transport: Any, settings: ServerSettings, request: WorkerR
             _emit(out, f"Async Inference Failure {frame.message}".encode(), flush)
             return frame.code
         record = decode_record(bytes(frame.content[0][1])) if frame.content else Record(last=True)
-        if record.code is not None:
-            _emit(out, record.error_body(), flush)
-            return status or record.code
-        if record.data:
-            status = status or 200
-            _emit(out, record.data.encode("utf-8"), flush)
-        if record.last:
-            break
+        status, final = _record(out, record, status, flush)
+        if final is not None:
+            return final
     return status or 200
+
+
+def _init_failed(init: Any) -> bool:
+    """True (and say why on stderr) when the init call's reply is an error."""
+    if init.code < 300:
+        return False
+    detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")
+    print(f"djl-handlers: model initialization failed ({init.code} {init.message}): {detail}", file=sys.stderr)
+    return True
 
 
 def run_one(settings: ServerSettings, transport: Transport, body: bytes, stream: bool,
             out: TextIO = sys.stdout) -> int:
     """Init the handler over ``transport`` (in process for ``djl-handlers generate``), run one request,
     print its body; exit status 0 when < 300."""
+    request = WorkerRequest({"content-type": "application/json"}, [("data", body)])
     if settings.async_mode and hasattr(transport, "stream_async"):
-        request = WorkerRequest({"content-type": "application/json"}, [("data", body)])
         code = asyncio.run(drive_async(transport, settings, request, out, flush=stream))
         if code < 0:
             return 1
-        out.write("\n")
-        out.flush()
-        if code >= 300:
-            print(f"djl-handlers: the request failed with status {code}", file=sys.stderr)
-            return 1
-        return 0
-    init = transport.call(settings.init_properties(), [])
-    if init.code >= 300:
-        detail = b"".join(value for _, value in (init.content or [])).decode("utf-8", "replace")
-        print(f"djl-handlers: model initialization failed ({init.code} {init.message}): {detail}",
-              file=sys.stderr)
-        return 1
-    request = WorkerRequest({"content-type": "application/json"}, [("data", body)])
-    if settings.rolling:
-        code = drive_rolling(transport, request, settings.handler, out, flush=stream)
     else:
-        code = drive_dynamic(transport, request, settings.handler, out, flush=stream)
+        if _init_failed(transport.call(settings.init_properties(), [])):
+            return 1
+        if settings.rolling:
+            code = drive_rolling(transport, request, settings.handler, out, flush=stream)
+        else:
+            code = drive_dynamic(transport, request, settings.handler, out, flush=stream)
     out.write("\n")
     out.flush()
     if code >= 300:
