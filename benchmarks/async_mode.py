@@ -20,9 +20,12 @@ All fronts of a part are started together and warmed up; then every round runs e
 order reversed from one round to the next. A ratio is taken within a round (runs seconds apart) and
 its median over rounds is reported, with the median over the rounds in which neither run lost more
 than 2 % of the machine to hypervisor steal beside it. Ratios: async over sync on each front; DJL's
-front end over ours in async mode (and in sync mode, for context). Bounded: each load has a time
-limit, a workload at most ``WORKLOAD_TIMEOUT_S``; a front that fails to start or a run that fails is
-recorded (error and the tail of its server log) and the others go on. Server logs are kept under
+front end over ours in async mode (and in sync mode, for context). Each run also records the CPU
+seconds other jobs used meanwhile and the cores the measured server got: on a shared box a server
+with more runnable threads (a JVM) wins more CPU time than one with fewer, so requests or tokens per
+server CPU-second are reported beside the rates. Bounded: each load has a time limit, a workload at
+most ``WORKLOAD_TIMEOUT_S``; a front that fails to start or a run that fails is recorded (its error;
+DJL's carries its log tail and worker errors) and the others go on. Server logs are kept under
 ``benchmarks/results/async-logs/``.
 
     python -m benchmarks async [--quick] [--server-model fake|embedded|both] [--repeat N]
@@ -56,9 +59,15 @@ MODE_OPTIONS = {"sync": ("option.rolling_batch=scheduler",),
 FAKE_NEW_TOKENS = 16
 WORKLOAD_TIMEOUT_S = 300.0
 # the figures of each part's summary rows (medians over rounds)
-FAKE_KEYS = ("req_s", "ttft_p50_ms", "ttft_p99_ms", "latency_p50_ms", "front_cpu_ms_per_req", "worker_cpu_ms_per_req",
-             "steal", "others_cpu_s")
-HF_KEYS = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "front_cpu_s", "worker_cpu_s", "steal", "others_cpu_s")
+# (server_cores: the front end's and its worker's CPU seconds per second of the run, of the 2 cores;
+# *_per_server_cpu_s: requests or tokens per CPU second of the front end and its worker, which other
+# jobs competing for the cores change less than the rate itself)
+FAKE_KEYS = ("req_s", "ttft_p50_ms", "ttft_p99_ms", "latency_p50_ms", "req_per_server_cpu_s", "front_cpu_ms_per_req",
+             "worker_cpu_ms_per_req", "server_cores", "steal", "others_cpu_s")
+HF_KEYS = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "tok_per_server_cpu_s", "front_cpu_s", "worker_cpu_s", "server_cores",
+           "steal", "others_cpu_s")
+FAKE_RATIOS = ("req_s", "ttft_p50_ms", "ttft_p99_ms", "req_per_server_cpu_s")
+HF_RATIOS = ("tok_s", "ttft_p50_ms", "ttft_p99_ms", "tok_per_server_cpu_s")
 # the two kinds of comparison
 ASYNC_OVER_SYNC = "async over sync"
 DJL_OVER_OURS = "DJL over ours"
@@ -188,6 +197,7 @@ def fake_run(url: str, name: str, clients: int, duration: float) -> dict[str, An
     done = row["requests"] or 0
     front_s, worker_s = after[0] - before[0], after[1] - before[1]
     row.update(machine(host, front_s + worker_s + client - client0))
+    row["server_cores"] = rnd((front_s + worker_s) / load.elapsed, 2) if load.elapsed else None
     row["front_cpu_ms_per_req"] = rnd(1000 * front_s / done, 3) if done else None
     row["worker_cpu_ms_per_req"] = rnd(1000 * worker_s / done, 3) if done else None
     return row
@@ -212,6 +222,8 @@ def hf_run(url: str, name: str, jobs: list[Job], timeout: float = WORKLOAD_TIMEO
             "ttft_p50_ms": rnd(1000 * (pct(ttft, 0.5) or 0), 1), "ttft_p99_ms": rnd(1000 * (pct(ttft, 0.99) or 0), 1),
             "errors": sum(len(r["errors"]) + (r.get("status") != 200) for r in results),
             "front_cpu_s": rnd(front_s), "worker_cpu_s": rnd(worker_s),
+            "server_cores": rnd((front_s + worker_s) / wall),
+            "tok_per_server_cpu_s": rnd(tokens / (front_s + worker_s), 1) if front_s + worker_s > 0 else None,
             **machine(host, front_s + worker_s + client - client0), "token_ids": [r["ids"] for r in results]}
 
 
@@ -298,7 +310,7 @@ def fake_part(fronts: list[Front], root: Path, logs: Path, levels: Sequence[int]
                     run["round"] = r
                     runs[name].append(run)
                     print("async fake", json.dumps(run), flush=True)
-            ratios = ratio_block(runs, djl_versions, ("req_s", "ttft_p50_ms", "ttft_p99_ms"))
+            ratios = ratio_block(runs, djl_versions, FAKE_RATIOS)
             out["levels"][str(clients)] = {"rows": summary_rows(runs, FAKE_KEYS), "runs": runs, "ratios": ratios,
                                            "goals": goals(ratios, "req_s")}
     out["modes"] = _modes(fronts, dirs, logs, "fake", urls)
@@ -335,7 +347,7 @@ def hf_part(fronts: list[Front], root: Path, logs: Path, jobs: list[Job], repeat
         for r, run in enumerate(rs):
             if "token_ids" in run and r < len(ref) and "token_ids" in ref[r]:
                 run["identical_to_ours_sync"] = f"{identical(run['token_ids'], ref[r]['token_ids'])}/{len(jobs)}"
-    ratios = ratio_block(runs, djl_versions, ("tok_s", "ttft_p50_ms", "ttft_p99_ms"))
+    ratios = ratio_block(runs, djl_versions, HF_RATIOS)
     rows = summary_rows(runs, HF_KEYS)
     for row in rows:
         row["identical_to_ours_sync"] = [run.get("identical_to_ours_sync") for run in runs[row["front"]]]
