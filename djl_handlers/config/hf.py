@@ -8,12 +8,13 @@ engine. The engine, its loader and its CPU patches read these typed values, neve
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from djl_handlers.config.reader import Reader
 from djl_handlers.errors import ConfigError
 
-__all__ = ["DEFAULT_PREFILL_TOKENS", "HuggingFaceOptions", "read_hf_options"]
+__all__ = ["DEFAULT_PREFILL_TOKENS", "HuggingFaceOptions", "parse_bytes", "read_hf_options"]
 
 # Prompt tokens (padded) prefilled per step unless ``option.max_prefill_tokens`` says otherwise: vLLM's
 # CPU default for its API server. Against 512 (the default before) it admits a burst of prompts in a
@@ -29,6 +30,9 @@ CPU_LINEAR: tuple[str, ...] = ("onednn", "torch")
 CPU_ATTENTION: tuple[str, ...] = ("auto", "ragged", "sdpa")
 CPU_FUSED: tuple[str, ...] = ("fused", "torch")  # option.cpu_norm and option.cpu_rotary
 CPU_THREADS: tuple[str, ...] = ("adaptive", "fixed")
+# Size suffixes of ``option.kv_cache_memory_bytes``, as vLLM's ``--kv-cache-memory-bytes`` reads them:
+# lower case decimal (1k = 1000), upper case binary (1K = 1024).
+_SIZE_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,9 @@ class HuggingFaceOptions:
     max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # padded prompt tokens prefilled per step
     torch_threads: int | None = None  # torch's intra-op threads (None: OMP_NUM_THREADS or torch's default)
     cpu_threads: str = "adaptive"  # fewer torch threads while other processes hold the cores; or "fixed"
+    # KV-cache bound in bytes (vLLM's ``kv_cache_memory_bytes``): None: auto (half the memory free after
+    # loading); 0: no bound. A request waits until its worst case fits (engines/hf/kv_budget.py).
+    kv_cache_memory_bytes: int | None = None
     # CPU kernel patches (engines/hf/cpu/), each applied only to a model on the CPU
     cpu_linear: str = "onednn"  # prepacked oneDNN linear layers; "torch": torch's own
     cpu_fuse_projections: bool = True  # with cpu_linear=onednn: q/k/v and gate/up as one GEMM each
@@ -65,6 +72,28 @@ def _check_step(r: Reader) -> None:
     raise r.fail(label, value, "padded")
 
 
+def parse_bytes(text: str) -> int | None:
+    """A byte count: digits, or a number with one suffix of ``_SIZE_SUFFIX`` (``2G``, ``1.5g``,
+    ``512M``); None when ``text`` is neither."""
+    match = re.fullmatch(r"(\d{1,18})|(\d{1,12}(?:\.\d{1,6})?)([kKmMgGtT])", text.strip())
+    if match is None:
+        return None
+    if match.group(1) is not None:
+        return int(match.group(1))
+    return int(float(match.group(2)) * _SIZE_SUFFIX[match.group(3)])
+
+
+def _kv_bytes(r: Reader) -> int | None:
+    """``option.kv_cache_memory_bytes``: ``auto`` (None), ``0`` (no bound) or a byte count."""
+    found = r.get("kv_cache_memory_bytes")
+    if found is None or found[1].lower() == "auto":
+        return None
+    value = parse_bytes(found[1])
+    if value is None:
+        raise r.fail(*found, "auto, 0 (no bound) or a byte count such as 4000000000, 4g (10^9) or 4G (2^30)")
+    return value
+
+
 def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
     """The HF engine's options from ``r``; the loading keys only with ``loading`` (else their defaults)."""
     _check_step(r)
@@ -74,6 +103,7 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
         or defaults.max_prefill_tokens,
         torch_threads=r.integer("torch_threads", None, 1),
         cpu_threads=r.choice("cpu_threads", defaults.cpu_threads, CPU_THREADS),
+        kv_cache_memory_bytes=_kv_bytes(r),
         cpu_linear=r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
         cpu_fuse_projections=r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),
         cpu_attention=r.choice("cpu_attention", defaults.cpu_attention, CPU_ATTENTION),

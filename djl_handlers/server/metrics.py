@@ -137,6 +137,9 @@ class Metrics:
                               "bytes holding tokens / bytes allocated; vLLM: its own kv_cache_usage_perc).")
         self.kv_used = gauge("kv_cache_used_bytes", "KV-cache bytes holding tokens (HF engine).")
         self.kv_allocated = gauge("kv_cache_allocated_bytes", "KV-cache bytes allocated (HF engine).")
+        self.kv_per_token = gauge("kv_cache_bytes_per_token", "KV-cache bytes one cached token takes over every "
+                                  "layer (HF engine).")
+        self.kv_max = gauge("kv_cache_max_bytes", "The KV-cache bound, option.kv_cache_memory_bytes (HF engine).")
         self.engine_batch = gauge("engine_batch_size", "Requests in the engine's batch (worker's count).")
 
     def series(self, adapter: str = "") -> RequestSeries:
@@ -157,7 +160,8 @@ class Metrics:
     def engine_stats(self, stats: dict[str, Any]) -> None:
         """Apply one ``ENGINE_STATS_PROPERTY`` payload from the worker."""
         for key, child in (("kv_cache_usage", self.kv_usage), ("kv_cache_used_bytes", self.kv_used),
-                           ("kv_cache_allocated_bytes", self.kv_allocated), ("batch_size", self.engine_batch)):
+                           ("kv_cache_allocated_bytes", self.kv_allocated), ("batch_size", self.engine_batch),
+                           ("kv_bytes_per_token", self.kv_per_token), ("kv_cache_max_bytes", self.kv_max)):
             value = stats.get(key)
             if isinstance(value, (int, float)):
                 child.set(value)

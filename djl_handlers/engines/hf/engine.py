@@ -57,6 +57,7 @@ from djl_handlers.engines.hf.batch import (
 )
 from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
 from djl_handlers.engines.hf.forks import check_sample_rows, fan_out, fork_rows
+from djl_handlers.engines.hf.kv_budget import bytes_per_token, footprint, kv_limit
 from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.hf.planner import first_ready, starts_chunked, take_group
 from djl_handlers.engines.hf.prefill import forward_capturing, prompt_lps
@@ -86,6 +87,7 @@ class HFEngine:
         max_batch_size: int = 32,
         max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         max_model_len: int | None = None,
+        kv_cache_max_bytes: int | None = None,
     ) -> None:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ConfigError("max_batch_size and max_prefill_tokens must be positive")
@@ -111,6 +113,9 @@ class HFEngine:
         self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines/hf/lora.py)
         self._grammars: GrammarBackend | None = None
         self.threads: ThreadGovernor | None = None  # option.cpu_threads=adaptive on a CPU (engines/hf/cpu/threads.py)
+        self.cpu_patches: dict[str, str] = {}  # what each CPU kernel patch did to the model (engines/hf/cpu/patches.py)
+        self.kv_bytes_per_token = bytes_per_token(model)
+        self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
@@ -127,15 +132,19 @@ class HFEngine:
     @classmethod
     def load(cls, config: ServingConfig) -> HFEngine:
         """Load model and tokenizer as ``config`` says and step them."""
-        from djl_handlers.engines.hf.loader import LoadOptions, load_model_and_tokenizer
+        from djl_handlers.engines.hf.loader import LoadOptions, load_model
 
-        model, tokenizer = load_model_and_tokenizer(LoadOptions.from_config(config))
-        return cls(model, tokenizer, **step_limits(config))
+        loaded = load_model(LoadOptions.from_config(config))
+        engine = cls(loaded.model, loaded.tokenizer, **step_limits(config))
+        engine.cpu_patches = loaded.cpu_patches
+        engine.kv_cache_max_bytes = kv_limit(config.hf.kv_cache_memory_bytes, engine.device, engine.kv_bytes_per_token)
+        return engine
 
     # ------------------------------------------------------------------ protocol
     def add_request(self, request: EngineRequest) -> None:
         """Queue a request; it is prefilled at a coming ``step``."""
         check_prompt_length(len(request.prompt_ids), self.max_model_len)
+        self._check_kv_room(request)
         ids = [request.request_id, *request.sample_ids]
         if self._ids.intersection(ids) or len(set(ids)) < len(ids):
             raise ValueError(f"request id {ids} is already in the engine")
@@ -249,10 +258,19 @@ class HFEngine:
         """The running batch's KV slab: bytes holding real tokens, bytes allocated, and their ratio
         (0 with no batch). Read by the service for ``/metrics``; costs one mask sum."""
         if self._batch is None:
-            return {"kv_cache_usage": 0.0, "kv_cache_used_bytes": 0, "kv_cache_allocated_bytes": 0}
+            return {"kv_cache_usage": 0.0, "kv_cache_used_bytes": 0, "kv_cache_allocated_bytes": 0, **self._kv_facts()}
         used, allocated = self._batch.kv_bytes()
         return {"kv_cache_usage": used / allocated if allocated else 0.0,
-                "kv_cache_used_bytes": used, "kv_cache_allocated_bytes": allocated}
+                "kv_cache_used_bytes": used, "kv_cache_allocated_bytes": allocated, **self._kv_facts()}
+
+    def _kv_facts(self) -> dict[str, Any]:
+        """What does not change while serving: bytes per cached token, the bound, the CPU patches."""
+        facts: dict[str, Any] = {"kv_bytes_per_token": self.kv_bytes_per_token}
+        if self.kv_cache_max_bytes is not None:
+            facts["kv_cache_max_bytes"] = self.kv_cache_max_bytes
+        if self.cpu_patches:
+            facts["cpu_patches"] = self.cpu_patches
+        return facts
 
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
         """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see :mod:`.static`)."""
@@ -394,7 +412,28 @@ class HFEngine:
         return self.max_batch_size - running - (self._partial.row.width if self._partial is not None else 0)
 
     def _admits(self, row: Row, taken: Sequence[Row]) -> bool:
-        return admits_row(self, row, taken)
+        return admits_row(self, row, taken) and self._kv_fits([*taken, row])
+
+    def _kv_fits(self, prefill: Sequence[Row]) -> bool:
+        """Whether the running rows plus ``prefill`` stay within the KV bound at their worst case."""
+        if self.kv_cache_max_bytes is None:
+            return True
+        held = [*(self._batch.rows if self._batch is not None else ()),
+                *([self._partial.row] if self._partial is not None else ())]
+        return footprint(held, prefill, self.max_model_len) * self.kv_bytes_per_token <= self.kv_cache_max_bytes
+
+    def _check_kv_room(self, request: EngineRequest) -> None:
+        """Refuse (507) a request whose worst case alone exceeds the KV bound: it could never run."""
+        if self.kv_cache_max_bytes is None:
+            return
+        rows = 1 + len(request.sample_ids)
+        final = min(len(request.prompt_ids) + int(request.params.max_new_tokens), self.max_model_len)
+        need = rows * (final + len(request.prompt_ids)) * self.kv_bytes_per_token
+        if need > self.kv_cache_max_bytes:
+            raise EngineOutOfMemory(
+                f"the request needs up to {need} bytes of KV cache ({rows} row(s) of up to {final} tokens at "
+                f"{self.kv_bytes_per_token} bytes per token, plus its prefill) but option.kv_cache_memory_bytes "
+                f"allows {self.kv_cache_max_bytes}; lower max_new_tokens or the prompt, or raise the bound")
 
     def grammar_backend(self) -> GrammarBackend:
         if self._grammars is None:
