@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -211,6 +212,10 @@ class AsyncDriver:
             extra = None
         if items:
             _deliver_threadsafe(items)
+            # Let the event loop take the GIL now and send this step's replies: a step that holds
+            # the GIL (a fast engine, pure Python) would otherwise keep it for the whole switch
+            # interval (5 ms), delaying every reply by several steps.
+            time.sleep(0)
 
 
 def _deliver_threadsafe(items: list[tuple[Subscription, Any]]) -> None:
