@@ -133,6 +133,37 @@ def test_greedy_mixed_joins_equal_hf_engine_and_generate(
         assert all(abs(a["log_prob"] - b["log_prob"]) < 1e-3 for a, b in pairs)
 
 
+def test_async_mode_request_answers_as_the_rolling_batch(
+    embedded_dir: Path, ds_service: InferenceService  # noqa: F811
+) -> None:
+    """DJL's async mode through the DeepSpeed entry point: the engine-loop thread steps the
+    DeepSpeed engine; two concurrent requests get the rolling batch's bytes."""
+    import asyncio
+
+    from djl_handlers.testing.async_loop import AsyncModeClient
+
+    _, options = split_properties(read_serving_properties(EXAMPLE))
+    options.update(model_id=str(embedded_dir), rolling_batch="disable")
+    payloads = [GREEDY[0][0], {"inputs": GREEDY[1][0]["inputs"], "stream": True, "parameters": {"max_new_tokens": 6}}]
+
+    async def main() -> list[Any]:
+        service = InferenceService("deepspeed")
+        client = AsyncModeClient(service.handle)
+        assert await client.init(options) is None
+        try:
+            assert service.async_mode is not None and service.async_mode.driver is not None
+            assert service.engine is not None and service.engine.name == "deepspeed"
+            return list(await asyncio.gather(*(client.request(p) for p in payloads)))
+        finally:
+            service.async_mode.close()  # type: ignore[union-attr]
+
+    answers = asyncio.run(main())
+    driver = RollingBatchDriver(ds_service.handle)
+    reqs = [driver.submit(json_request(p)) for p in payloads]
+    driver.run()
+    assert [(a.code, a.text) for a in answers] == [(200, r.text) for r in reqs]
+
+
 def test_typical_p_is_applied(
     ds_service: InferenceService, hf_service: InferenceService, generate: Callable[..., list[int]]
 ) -> None:

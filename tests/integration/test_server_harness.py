@@ -65,10 +65,11 @@ class ServerProcess:
     """``djl-handlers serve MODEL_DIR --port 0`` in a subprocess."""
 
     def __init__(self, model_dir: Path, log_path: Path, grace: float = 30.0, args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None) -> None:
-        """Start the server (extra ``serve`` ``args``, extra ``env``) and wait (at most 90 s) for its
-        listening line."""
+                 env: dict[str, str] | None = None, start_timeout: float = 90.0) -> None:
+        """Start the server (extra ``serve`` ``args``, extra ``env``) and wait (at most
+        ``start_timeout`` s) for its listening line."""
         self.log_path = log_path
+        self._start_timeout = start_timeout
         self._log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cli_command("serve", str(model_dir), "--port", "0", "--grace", str(grace), *args),
@@ -84,7 +85,7 @@ class ServerProcess:
             self.lines.put(line)
 
     def _wait_listening(self) -> tuple[str, str]:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + self._start_timeout
         while time.monotonic() < deadline:
             try:
                 line = self.lines.get(timeout=0.5)

@@ -299,3 +299,25 @@ def test_lora_in_async_mode(fake_vllm: Any, tmp_path: Path) -> None:
     assert [a.code for a in answers] == [200, 200, 200, 404]
     chosen = {rid.split("-")[0]: getattr(lora, "lora_name", None) for rid, lora in llm.core.lora_of.items()}
     assert sorted(chosen.values(), key=str) == [None, "a", "b"]
+
+
+def test_a_finished_request_is_not_aborted(fake_vllm: Any) -> None:
+    engine = make_engine()
+    calls: list[Any] = []
+
+    async def main() -> None:
+        real = engine.engine.abort
+
+        async def abort(request_id: Any, internal: bool = False) -> None:
+            calls.append((request_id, internal))
+            await real(request_id, internal)
+
+        engine.engine.abort = abort
+        stream = engine.generate_async(request(engine, 4, "Deep", max_new_tokens=2))
+        items = [await stream.__anext__(), await stream.__anext__()]  # the last item: finished
+        assert items[-1][-1].finish_reason == "length"
+        await engine.abort_async(4)  # what async mode does when it stops reading
+
+    asyncio.run(main())
+    assert [call for call in calls if not call[1]] == []  # only vLLM's own no-op when its stream closes
+    assert engine.engine.core.aborted == []

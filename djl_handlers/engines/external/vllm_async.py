@@ -76,6 +76,7 @@ class VllmAsyncEngine:
         self.max_model_len = int(engine.model_config.max_model_len)
         self.eos_token_ids = eos_ids(self.tokenizer)
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
+        self._unfinished: set[int] = set()  # requests vLLM has not finished (abort_async skips the others)
 
     @classmethod
     def from_config(cls, config: Any, engine_name: str = "vllm") -> VllmAsyncEngine:
@@ -107,10 +108,13 @@ class VllmAsyncEngine:
         track = OutputTrack.for_request(request.prompt_ids, request.params)
         stream = self.engine.generate(prompt_of(request), sampling, str(rid), **lora)
         started = False
+        self._unfinished.add(rid)
         try:
             async for output in stream:
                 started = True
                 outs = step_outputs(rid, track, output, self.tokenizer, delta) if output.outputs else []
+                if track.finished:
+                    self._unfinished.discard(rid)
                 if outs:
                     yield outs
                 if track.finished:
@@ -121,11 +125,14 @@ class VllmAsyncEngine:
                 raise
             raise error from exc
         finally:
+            self._unfinished.discard(rid)
             await stream.aclose()
 
     async def abort_async(self, request_id: int) -> None:
         """End the request in vLLM (``AsyncLLM.abort``); an unknown or finished id does nothing."""
-        await self.engine.abort(str(request_id))
+        if request_id in self._unfinished:
+            self._unfinished.discard(request_id)
+            await self.engine.abort(str(request_id))
 
     def close(self) -> None:
         """Stop vLLM's engine-core process."""
