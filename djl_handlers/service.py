@@ -182,12 +182,13 @@ class InferenceService:
     def engine_stats(self, running: int) -> dict[str, Any]:
         """The engine's own figures (KV-cache use...) and ``batch_size``; never raises."""
         stats: dict[str, Any] = {"batch_size": running}
-        usage = getattr(self.engine, "kv_cache_usage", None)
-        if callable(usage):
-            try:
-                stats.update(usage() or {})
-            except Exception:  # noqa: BLE001 - a figure must never fail the step
-                LOG.debug("kv_cache_usage() failed", exc_info=True)
+        for name in ("kv_cache_usage", "prefix_cache_stats"):  # HF engine: KV slab, prefix cache
+            figures = getattr(self.engine, name, None)
+            if callable(figures):
+                try:
+                    stats.update(figures() or {})
+                except Exception:  # noqa: BLE001 - a figure must never fail the step
+                    LOG.debug("%s() failed", name, exc_info=True)
         return stats
 
     # -- LoRA adapters (DJL calls these with the handler property) -------------------------------

@@ -49,6 +49,9 @@ class HuggingFaceOptions:
     max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # padded prompt tokens prefilled per step
     torch_threads: int | None = None  # torch's intra-op threads (None: OMP_NUM_THREADS or torch's default)
     cpu_threads: str = "adaptive"  # fewer torch threads while other processes hold the cores; or "fixed"
+    # prefix caching (engines/hf/prefix_cache.py): prompt KV reused across requests, in blocks, LRU-bounded
+    enable_prefix_caching: bool = False
+    prefix_cache_memory_bytes: int = 1 << 30
     # KV-cache bound in bytes (vLLM's ``kv_cache_memory_bytes``): None: auto (half the memory free after
     # loading); 0: no bound. A request waits until its worst case fits (engines/hf/kv_budget.py).
     kv_cache_memory_bytes: int | None = None
@@ -103,6 +106,9 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
         or defaults.max_prefill_tokens,
         torch_threads=r.integer("torch_threads", None, 1),
         cpu_threads=r.choice("cpu_threads", defaults.cpu_threads, CPU_THREADS),
+        enable_prefix_caching=r.boolean("enable_prefix_caching", defaults.enable_prefix_caching),
+        prefix_cache_memory_bytes=r.integer("prefix_cache_memory_bytes", defaults.prefix_cache_memory_bytes, 0)
+        or 0,
         kv_cache_memory_bytes=_kv_bytes(r),
         cpu_linear=r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
         cpu_fuse_projections=r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),

@@ -141,6 +141,13 @@ class Metrics:
                                   "layer (HF engine).")
         self.kv_max = gauge("kv_cache_max_bytes", "The KV-cache bound, option.kv_cache_memory_bytes (HF engine).")
         self.engine_batch = gauge("engine_batch_size", "Requests in the engine's batch (worker's count).")
+        # vLLM's prefix_cache_queries / prefix_cache_hits (tokens); the worker reports running totals
+        self._prefix = {
+            key: Counter(PREFIX + key, doc, one, registry=reg).labels(model)
+            for key, doc in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache (HF engine)."),
+                             ("prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache (HF engine)."))
+        }
+        self._prefix_seen = dict.fromkeys(self._prefix, 0)
 
     def series(self, adapter: str = "") -> RequestSeries:
         """The per-request series for ``adapter``, bound once and cached. Past ``MAX_ADAPTER_LABELS``
@@ -165,6 +172,12 @@ class Metrics:
             value = stats.get(key)
             if isinstance(value, (int, float)):
                 child.set(value)
+        for key, counter in self._prefix.items():
+            total = stats.get(key)
+            if isinstance(total, int):  # a running total: add what is new (all of it after a worker restart)
+                seen = self._prefix_seen[key]
+                counter.inc(total - seen if total >= seen else total)
+                self._prefix_seen[key] = total
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition in the format the ``Accept`` header asks for: ``(body, content type)``."""

@@ -30,6 +30,10 @@ Several samples of one prompt (``n``/``best_of``, ``EngineRequest.sample_ids``):
 prefilled once and its KV row forked into one row per sample right after the prefill forward
 (:mod:`djl_handlers.engines.hf.forks`); a queued request needs a free row per sample to be admitted.
 
+Prefix caching (``option.enable_prefix_caching``, :mod:`djl_handlers.engines.hf.prefix_cache`): a
+queued prompt whose first blocks are cached starts as a chunked prefill from the cached KV (the
+first ready row, ahead of the step's group); every finished prompt prefill stores its blocks.
+
 Log-probs: see :mod:`djl_handlers.engines.hf.sampling` (model distribution, before processing).
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
@@ -61,6 +65,7 @@ from djl_handlers.engines.hf.kv_budget import bytes_per_token, footprint, kv_lim
 from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.hf.planner import first_ready, starts_chunked, take_group
 from djl_handlers.engines.hf.prefill import forward_capturing, prompt_lps
+from djl_handlers.engines.hf.prefix_cache import PrefixCache, prompt_kv
 from djl_handlers.engines.hf.rows import Partial, Row
 from djl_handlers.engines.hf.sampling import RowSampling, sample_batch
 from djl_handlers.engines.hf.static import generate_static as static_generate
@@ -113,6 +118,7 @@ class HFEngine:
         self.lora: Any = None  # a LoraSet when option.enable_lora=true (see engines/hf/lora.py)
         self._grammars: GrammarBackend | None = None
         self.threads: ThreadGovernor | None = None  # option.cpu_threads=adaptive on a CPU (engines/hf/cpu/threads.py)
+        self.prefix_cache: PrefixCache | None = None  # option.enable_prefix_caching (engines/hf/prefix_cache.py)
         self.cpu_patches: dict[str, str] = {}  # what each CPU kernel patch did to the model (engines/hf/cpu/patches.py)
         self.kv_bytes_per_token = bytes_per_token(model)
         self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
@@ -125,6 +131,8 @@ class HFEngine:
         CPU, a :class:`~djl_handlers.engines.hf.cpu.threads.ThreadGovernor`. Every option is typed in
         ``config.hf`` (:mod:`djl_handlers.config.hf`)."""
         engine = attach_lora(config, cls.load(config))
+        if config.hf.enable_prefix_caching:
+            engine.prefix_cache = PrefixCache(config.hf.prefix_cache_memory_bytes)
         if config.hf.cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
             engine.threads = ThreadGovernor(torch.get_num_threads())
         return engine
@@ -272,6 +280,11 @@ class HFEngine:
             facts["cpu_patches"] = self.cpu_patches
         return facts
 
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """The prefix cache's counters and size (empty when it is off); read by the service for
+        ``/metrics`` next to :meth:`kv_cache_usage`."""
+        return self.prefix_cache.stats() if self.prefix_cache is not None else {}
+
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
         """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see :mod:`.static`)."""
         return static_generate(self, requests)
@@ -389,16 +402,23 @@ class HFEngine:
             outputs, budget = self._continue_partial(budget)
         outputs += self._start_grammars()
         while self._queue and budget > 0 and self._partial is None:
+            if self._start_cached():  # the first ready prompt's first blocks are cached
+                more, budget = self._continue_partial(budget)
+                outputs += more
+                continue
             head = first_ready(self._queue)
             if head is not None and len(head.request.prompt_ids) > self.max_prefill_tokens:
                 # only chunked prefill can take it: it starts on a full budget, nobody overtakes it
                 if starts_chunked(head, budget, self.max_prefill_tokens, self._room(), self._admits):
                     self._queue.remove(head)
+                    self._count_cached(head, 0)
                     self._partial = Partial(head, self._new_cache())
                     more, budget = self._continue_partial(budget)
                     outputs += more
                 break
-            group = take_group(self._queue, budget, self._room(), self._admits)
+            cache = self.prefix_cache  # prompts with cached blocks wait to start from them (above)
+            misses = [r for r in self._queue if cache is None or not cache.cached_blocks(r)]
+            group = take_group(misses, budget, self._room(), self._admits)
             if not group:
                 break
             for row in group:
@@ -406,6 +426,24 @@ class HFEngine:
             budget -= len(group) * max(len(r.request.prompt_ids) for r in group)
             outputs += self._prefill_group(group)
         return outputs
+
+    def _start_cached(self) -> bool:
+        """Start the first ready prompt as a chunked prefill from its cached blocks, when the prefix
+        cache holds some and it may join now; True when it did."""
+        cache, head = self.prefix_cache, first_ready(self._queue)
+        if cache is None or head is None:
+            return False
+        blocks = cache.cached_blocks(head)
+        if not blocks or self._room() < head.width or not self._admits(head, ()):
+            return False
+        self._queue.remove(head)
+        self._count_cached(head, blocks)
+        self._partial = Partial(head, cache.load(head, blocks, self._new_cache()), offset=blocks * cache.block)
+        return True
+
+    def _count_cached(self, row: Row, blocks: int) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.admitted(row, blocks)
 
     def _room(self) -> int:
         running = len(self._batch.rows) if self._batch is not None else 0
@@ -479,6 +517,11 @@ class HFEngine:
         except Exception as exc:  # noqa: BLE001 - isolate the group
             LOG.exception("prefill of %d request(s) failed", len(group))
             return self._fail_rows(group, f"prefill failed: {type(exc).__name__}: {exc}")
+        if self.prefix_cache is not None:
+            width = int(ids.shape[1])
+            for i, (row, n) in enumerate(zip(group, lengths, strict=True)):
+                self.prefix_cache.admitted(row, 0)
+                self.prefix_cache.store(row, prompt_kv(cache.layers, i, width - n, width))
         new = KVBatch(cache, mask, torch.tensor(lengths, dtype=torch.long, device=self.device), ids[:, 0])
         new.rows = list(group)
         logits, prompt_lps = fan_out(new, logits, prompt_lps, self._fork_rows)
@@ -523,6 +566,8 @@ class HFEngine:
         if end < len(prompt):
             return [], budget - len(chunk)
         self._partial = None
+        if self.prefix_cache is not None:
+            self.prefix_cache.store(part.row, prompt_kv(part.cache.layers, 0, 0, end))
         new = KVBatch(part.cache, mask, torch.tensor([end], device=self.device), ids[:, 0], [part.row])
         logits, lps = fan_out(new, logits, [part.prompt_lps] if part.row.prompt_lp else None, self._fork_rows)
         outputs = self._emit(logits, new.rows, new, lps)

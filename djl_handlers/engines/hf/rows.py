@@ -29,6 +29,7 @@ class Row:
     grammar: RowGrammar | None = None  # structured output: this row's matcher
     # n/best_of > 1: (sample index, request id) of the further samples, forked from this row's prefill
     forks: list[tuple[int, int]] = field(default_factory=list)
+    prefix_digests: list[bytes] | None = None  # prefix caching: its prompt's block digests (prefix_cache.py)
 
     @property
     def width(self) -> int:
