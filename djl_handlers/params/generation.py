@@ -31,6 +31,7 @@ META_KEYS: frozenset[str] = frozenset({"stream", "output_formatter"})
 # Alternative spellings accepted in requests (``stop`` is TGI's/OpenAI's/TRT-LLM's name).
 ALIASES: Mapping[str, str] = {"stop": "stop_sequences"}
 MAX_LOGPROBS = 20
+MAX_SAMPLES = 128  # n and best_of (OpenAI's own limit for n): each sample is a row of the batch
 _MAX_SEED = 2**64 - 1
 _DIGITS = re.compile(r"[0-9]{1,20}")
 
@@ -270,8 +271,8 @@ SPECS: dict[str, Validator] = {
     "bad_sequences": _strings,
     "decoder_input_details": _boolean,
     "top_n_tokens": partial(_integer, low=0, high=MAX_LOGPROBS),
-    "best_of": partial(_integer, low=1),
-    "n": partial(_integer, low=1),
+    "best_of": partial(_integer, low=1, high=MAX_SAMPLES),
+    "n": partial(_integer, low=1, high=MAX_SAMPLES),
     "min_new_tokens": partial(_integer, low=0),
 }
 

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from djl_handlers.__about__ import __version__
 from djl_handlers.config.engines import DTYPE_NAMES
+from djl_handlers.params.generation import MAX_SAMPLES
 from djl_handlers.server.access import AccessSettings
 from djl_handlers.server.openapi import openapi_document
 from djl_handlers.server.runtime import ModelRuntime
@@ -91,7 +92,7 @@ class PeerEndpoints:
             "model_id": facts.get("model_id"), "model_sha": None,
             "model_dtype": f"torch.{dtype}" if dtype and dtype != "auto" else dtype,
             "model_device_type": facts.get("device"), "model_pipeline_tag": "text-generation",
-            "max_concurrent_requests": self.runtime.settings.job_queue_size, "max_best_of": 1,
+            "max_concurrent_requests": self.runtime.settings.job_queue_size, "max_best_of": MAX_SAMPLES,
             "max_stop_sequences": None, "max_input_tokens": total - 1 if isinstance(total, int) else None,
             "max_total_tokens": total, "validation_workers": 1, "max_client_batch_size": 1,
             "router": OWNER, "version": __version__, "sha": None, "docker_label": None,

@@ -98,7 +98,8 @@ def _names_the_problem(message: str, case: Any, fields: frozenset[str]) -> bool:
     text = message.lower()
     words = [*_words(case.body), *_words(case.query or {}), *_words(case.path_parameters or {}),
              *_words(case.headers or {}), *fields]
-    return any(w.lower() in text for w in words if w.strip()) or any(part in text for part in _PARTS)
+    named = any(w.lower() in text for w in words if w.strip()) or any(part in text for part in _PARTS)
+    return named or ("" in words and ("''" in text or '""' in text))  # an empty key, quoted
 
 
 def _field_names(schema: Any, depth: int = 0) -> Iterator[str]:

@@ -213,3 +213,14 @@ def test_docs_name_every_field_of_the_table() -> None:
     own = {name for api in FIELDS.values() for name, spec in api.items() if spec.handling == "own"}
     missing = [name for api in FIELDS.values() for name in api if name not in own and f"`{name}`" not in section]
     assert not missing
+
+
+def test_samples_are_bounded() -> None:
+    """A huge ``n`` (found by the schema fuzzer) used to make the worker build that many samples."""
+    from djl_handlers.params.generation import MAX_SAMPLES
+
+    for field in ("n", "best_of"):
+        with pytest.raises(InvalidParameter) as info:
+            _parse({**PROMPT, field: 43238211167902})
+        assert info.value.field == field
+    assert FIELDS["chat"]["n"].schema["anyOf"][0]["maximum"] == MAX_SAMPLES

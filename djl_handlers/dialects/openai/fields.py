@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from djl_handlers.params.generation import MAX_SAMPLES
+
 __all__ = [
     "CHAT", "COMPLETION", "DEFAULT_MAX_TOKENS", "FIELDS", "MAX_COMPLETION_LOGPROBS", "MAX_TEMPERATURE",
     "MAX_TOP_LOGPROBS", "BodyField", "allowed", "fields_for",
@@ -63,6 +65,7 @@ def _nullable(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 _BOOL = {"type": "boolean"}
 _INT1 = {"type": "integer", "minimum": 1}
+_SAMPLES = {"type": "integer", "minimum": 1, "maximum": MAX_SAMPLES}  # checked as LMI's n / best_of
 _OBJECT = {"type": "object"}
 _MESSAGE = {
     "type": "object", "required": ["role"],
@@ -130,8 +133,8 @@ _TABLE: tuple[BodyField, ...] = (
     _own("max_completion_tokens", _nullable(_INT1)),
     _own("temperature", _nullable({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE}),
          description="default 1.0; 0 is greedy"),
-    _own("n", _nullable(_INT1), description="choices; > 1 needs sampling and an engine that decodes several samples"),
-    _own("best_of", _nullable(_INT1), _COMPLETION_ONLY,
+    _own("n", _nullable(_SAMPLES), description="choices; > 1 needs sampling and an engine that decodes samples"),
+    _own("best_of", _nullable(_SAMPLES), _COMPLETION_ONLY,
          description="samples decoded, the best n (cumulative log-probability) returned; >= n, not streamed"),
     _own("stream", _BOOL),
     _own("stream_options", _nullable(_STREAM_OPTIONS)),
