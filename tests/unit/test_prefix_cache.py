@@ -247,3 +247,31 @@ def test_metrics_count_the_worker_totals_as_vllm_names_them() -> None:
     assert (value("prefix_cache_queries"), value("prefix_cache_hits")) == (170, 112)
     metrics.engine_stats({"kv_cache_usage": 0.5})  # no prefix cache figures: nothing counted
     assert value("prefix_cache_queries") == 170
+
+
+def test_async_mode_uses_the_cache_and_answers_as_without(tiny_dir: Path) -> None:
+    import asyncio
+
+    from djl_handlers.testing.async_loop import AsyncModeClient
+
+    async def answers(cache: bool) -> tuple[list[str], dict[str, Any]]:
+        service = InferenceService("huggingface")
+        client = AsyncModeClient(service.handle)
+        init = {"model_id": str(tiny_dir), "dtype": "fp32", "rolling_batch": "disable",
+                "enable_prefix_caching": str(cache).lower()}
+        assert await client.init(init) is None
+        try:
+            texts = []
+            for question in TURNS:  # one after the other: each finds the system prompt's blocks
+                got = await client.request({"inputs": SYSTEM + question,
+                                            "parameters": {"max_new_tokens": 8, "details": True}})
+                assert got.code == 200
+                texts.append(got.text)
+            return texts, service.engine_stats(0)
+        finally:
+            assert service.async_mode is not None
+            service.async_mode.close()
+
+    with_cache, stats = asyncio.run(answers(True))
+    assert with_cache == asyncio.run(answers(False))[0]
+    assert stats["prefix_cache_hits"] > 0
