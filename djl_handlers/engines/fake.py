@@ -88,7 +88,7 @@ class FakeEngine:
     def check_parameters(self, params: Any) -> None:
         """The fake engine cannot constrain its canned reply: structured output is a 400; several
         samples need sampling."""
-        check_samples(params)
+        check_samples(params, is_sampling(params))
         constraint = params.structured_output
         if constraint is not None:
             raise InvalidParameter(

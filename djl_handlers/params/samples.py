@@ -10,7 +10,9 @@ the seed of each, and the rules every engine that decodes them applies. Pure; no
   ``i`` with a seed derived from it (a SplitMix64 step over ``seed + i``): a seeded request gives the
   same set of samples every time, and no two samples share a random stream.
 - ``check_samples``: greedy decoding with more than one sample is refused (400), as vLLM and TGI do:
-  argmax decoding would return the same sequence ``n`` times at ``n`` times the cost.
+  argmax decoding would return the same sequence ``n`` times at ``n`` times the cost. The caller
+  passes the request's greedy/sampling decision (``translate.is_sampling``, the one rule), so this
+  module stays below the translations (``to_vllm`` reads ``sample_count``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from djl_handlers.errors import InvalidParameter
-from djl_handlers.params.translate import is_sampling
 
 if TYPE_CHECKING:
     from djl_handlers.params.generation import GenerationParameters
@@ -55,10 +56,11 @@ def sample_seed(seed: int | None, index: int) -> int | None:
     return z ^ (z >> 31)
 
 
-def check_samples(p: GenerationParameters) -> None:
-    """``InvalidParameter`` when more than one sample is asked for with greedy decoding."""
+def check_samples(p: GenerationParameters, sampling: bool) -> None:
+    """``InvalidParameter`` when more than one sample is asked for without ``sampling``
+    (``is_sampling(p)``: greedy decoding)."""
     count = sample_count(p)
-    if count > 1 and not is_sampling(p):
+    if count > 1 and not sampling:
         name = sample_field(p)
         raise InvalidParameter(
             f"parameters.{name} must be 1 when decoding greedily, got {count}: greedy decoding gives the "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from djl_handlers.params.samples import sample_count
 from djl_handlers.params.support import (
     EMULATED,
     ENGINES,
@@ -90,8 +91,6 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
     (``best_of``, else ``n``: vLLM V1 has no ``best_of``; the scheduler ranks the samples and keeps
     the best, :mod:`djl_handlers.params.samples`).
     """
-    from djl_handlers.params.samples import sample_count  # samples imports this module's is_sampling
-
     kwargs: dict[str, Any] = {
         "n": sample_count(p),
         "max_tokens": p.max_new_tokens,

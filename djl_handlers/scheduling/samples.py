@@ -26,6 +26,7 @@ from djl_handlers.errors import InvalidParameter
 from djl_handlers.extensions import STEP_TOKENS_KEY
 from djl_handlers.formatting.base import SAMPLES_NONE, SAMPLES_STREAMED, Formatter
 from djl_handlers.params.samples import check_samples, returned_count, sample_count, sample_field, sample_seed
+from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.records import Request
 from djl_handlers.request.sequences import ranked, returned
 from djl_handlers.scheduling.slot import RequestSlot
@@ -40,7 +41,7 @@ def check_sample_format(request: Request, formatter: Formatter) -> None:
     count = sample_count(params)
     if count <= 1:
         return
-    check_samples(params)
+    check_samples(params, is_sampling(params))
     name = sample_field(params)
     if formatter.samples == SAMPLES_NONE:
         shown = f"the {formatter.name} format" if formatter.name else "a custom output formatter"

@@ -18,7 +18,7 @@ from djl_handlers.engines.hf.rows import Row
 from djl_handlers.engines.hf.sampling import RowSampling
 from djl_handlers.errors import InvalidParameter
 from djl_handlers.params.samples import check_samples, sample_count, sample_field, sample_seed
-from djl_handlers.params.translate import translate
+from djl_handlers.params.translate import is_sampling, translate
 
 __all__ = ["check_sample_rows", "fan_out", "fork_rows"]
 
@@ -28,7 +28,7 @@ PromptLps = list[list[float | None] | None] | None
 def check_sample_rows(params: Any, max_batch_size: int) -> None:
     """400 unless the request's samples may run: sampling (not greedy) and no more samples than
     rows in the batch (``option.max_rolling_batch_size``; each sample is one row)."""
-    check_samples(params)
+    check_samples(params, is_sampling(params))
     count = sample_count(params)
     if count > max_batch_size:
         name = sample_field(params)
