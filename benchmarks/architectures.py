@@ -1,0 +1,288 @@
+"""The HF engine through ``djl-handlers serve`` against ``vllm serve`` on other architectures than the
+embedded model: random-weight Qwen2-, Phi- and ~1 B Llama-shaped models
+(:mod:`djl_handlers.model.architectures`; speed does not depend on the weights' values), fp32 and bf16.
+
+Per model and dtype both servers are started and stay up: ``djl-handlers serve`` with the HF engine
+(defaults, ``max_rolling_batch_size`` = the concurrency) and vLLM's own OpenAI server (``vllm serve``'s
+code, from ``.venv-vllm``, with its defaults: ``--max-num-seqs`` = the concurrency). vLLM's own benchmark
+client (:mod:`benchmarks.vllm_client`: ``vllm.benchmarks.serve``, random dataset, fixed input and output
+lengths, ``ignore_eos``, greedy, streamed ``/v1/completions``) warms each server once, then ``--rounds``
+rounds send the same prompts to each server in turn (the order alternating; a new seed per round, so no
+prefix cache sees a prompt twice). Reported per round: output tok/s, TTFT p50/p99, ITL p50, the
+ratio ours / vLLM; medians over rounds; each server's peak memory (PSS summed over its process tree:
+front end, worker or engine core) sampled every half second; the machine's steal per run.
+
+    python -m benchmarks.architectures [--models qwen2-bench,phi-bench,llama-1b] [--dtype fp32,bf16]
+        [--rounds 3] [--prompts 16] [--concurrency 16] [--input-len 128] [--output-len 64] [--quick]
+
+``llama-1b`` runs in bf16 only unless ``--llama-fp32`` (fp32 takes twice as long on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import ROOT, context, host_cpu, host_delta, median, print_table, rnd, stolen, stop_process
+from benchmarks.common import write_report as save_report
+from benchmarks.served_engines import VLLM_VENV, _descendants
+
+MODELS = ("qwen2-bench", "phi-bench", "llama-1b")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+SERVERS = ("hf", "vllm")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What vLLM's client sends in one run."""
+
+    prompts: int = 16
+    concurrency: int = 16
+    input_len: int = 128
+    output_len: int = 64
+
+
+@dataclass
+class MemoryWatch:
+    """Peak PSS of a process tree, sampled on a thread every ``every`` seconds while it runs."""
+
+    pid: int
+    every: float = 0.5
+    peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.peak = max(self.peak, tree_pss(self.pid))
+
+    def reset(self) -> int:
+        """The peak so far (one more sample first); the next peak starts from now."""
+        peak, self.peak = max(self.peak, tree_pss(self.pid)), 0
+        return peak
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def tree_pss(pid: int) -> int:
+    """Bytes of proportional set size (shared pages split between the processes sharing them) of
+    ``pid`` and its descendants; 0 for processes that cannot be read."""
+    total = 0
+    for p in [pid, *_descendants(pid)]:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def _free_port() -> int:
+    from benchmarks.server import free_port
+
+    return free_port()
+
+
+def _wait(url: str, path: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}; log: {log}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url + path, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        time.sleep(0.5)
+    raise RuntimeError(f"server did not answer {path} in {timeout:.0f} s; log: {log}")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "2",
+            "TOKENIZERS_PARALLELISM": "false"}
+
+
+@contextlib.contextmanager
+def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path) -> Iterator[tuple[str, int, Path]]:
+    """``djl-handlers serve`` on ``model_dir`` with the HF engine; yields (url, pid, log)."""
+    folder = root / f"hf-{model_dir.name}-{dtype}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "serving.properties").write_text("\n".join([
+        "engine=Python", "option.entryPoint=djl_handlers.huggingface", f"option.model_id={model_dir}",
+        f"option.dtype={dtype}", "option.rolling_batch=scheduler",
+        f"option.max_rolling_batch_size={work.concurrency}", "option.max_model_len=2048"]) + "\n")
+    port = _free_port()
+    log = root / f"{folder.name}.log"
+    code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(folder), "--host", "127.0.0.1",
+                                 "--port", str(port)], env={**_env(), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT),
+                                stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, "/ping", proc, log)
+        yield url, proc.pid, log
+    finally:
+        stop_process(proc, 60)
+
+
+@contextlib.contextmanager
+def serve_vllm(model_dir: Path, dtype: str, work: Workload, root: Path) -> Iterator[tuple[str, int, Path]]:
+    """vLLM's OpenAI server (what ``vllm serve`` runs) on ``model_dir`` with its defaults; yields (url, pid, log)."""
+    port = _free_port()
+    log = root / f"vllm-{model_dir.name}-{dtype}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                                 "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                                 "--dtype", DTYPES[dtype], "--max-num-seqs", str(work.concurrency),
+                                 "--max-model-len", "2048", "--seed", "0"],
+                                env=_env(), cwd=str(root), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, "/health", proc, log)
+        yield url, proc.pid, log
+    finally:
+        stop_process(proc, 60)
+
+
+def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) -> dict[str, Any]:
+    """vLLM's benchmark client against ``url`` once; its result JSON plus the machine's CPU meanwhile."""
+    host0 = host_cpu()
+    began = time.perf_counter()
+    done = subprocess.run([str(VLLM_VENV / "bin" / "python"), "-m", "benchmarks.vllm_client", "--base-url", url,
+                           "--model", str(model_dir), "--tokenizer", str(model_dir), "--seed", str(seed),
+                           "--num-prompts", str(work.prompts), "--input-len", str(work.input_len),
+                           "--output-len", str(work.output_len), "--max-concurrency", str(work.concurrency),
+                           "--result", str(out)], cwd=str(ROOT), env=_env(), capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"vLLM's client failed against {url}: {done.stderr[-2000:]}")
+    result = json.loads(out.read_text())
+    return {"tok_s": rnd(result["output_throughput"], 1), "completed": result["completed"],
+            "failed": result.get("failed", 0), "output_tokens": result["total_output_tokens"],
+            "ttft_p50_s": rnd(result["median_ttft_ms"] / 1000), "ttft_p99_s": rnd(result["p99_ttft_ms"] / 1000),
+            "itl_p50_ms": rnd(result["median_itl_ms"], 1), "itl_p99_ms": rnd(result["p99_itl_ms"], 1),
+            "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu())}
+
+
+def _ratios(runs: dict[str, list[dict[str, Any]]], key: str) -> list[float]:
+    return [rnd(a[key] / b[key], 3) or 0.0 for a, b in zip(runs["hf"], runs["vllm"], strict=True) if b[key]]
+
+
+def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per-round ratios (ours / vLLM) and their medians; the rounds neither run was stolen in beside."""
+    tok = _ratios(runs, "tok_s")
+    ttft = _ratios(runs, "ttft_p50_s")
+    clean = [r for r, a, b in zip(tok, runs["hf"], runs["vllm"], strict=True)
+             if not stolen(a.get("host_cpu_s"), b.get("host_cpu_s"))]
+    return {"tok_s_ratio_per_round": tok, "tok_s_ratio_median": rnd(median(tok), 3),
+            "ttft_p50_ratio_per_round": ttft, "ttft_p50_ratio_median": rnd(median(ttft), 3),
+            "tok_s_ratio_unstolen": {"rounds": len(clean), "median": rnd(median(clean), 3) if clean else None},
+            "medians": {name: {key: rnd(median([r[key] for r in rs]), 3) for key in
+                               ("tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms")} for name, rs in runs.items()}}
+
+
+def _patch_lines(log: Path) -> dict[str, str]:
+    """The HF server's CPU patch report, read from its log (one line per patch at load)."""
+    found: dict[str, str] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        if "CPU patch " in line:
+            name, _, text = line.split("CPU patch ", 1)[1].partition(": ")
+            found[name] = text
+    return found
+
+
+def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path) -> dict[str, Any]:
+    """Both servers on one model and dtype: warm-up, then ``rounds`` alternated rounds."""
+    from djl_handlers.model.architectures import build_model_dir
+
+    model_dir = build_model_dir(None, name, dtype="bfloat16")
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERVERS}
+    peaks: dict[str, int] = {}
+    started = time.perf_counter()
+    with serve_hf(model_dir, dtype, work, root) as hf, serve_vllm(model_dir, dtype, work, root) as vllm:
+        servers = {"hf": hf, "vllm": vllm}
+        watches = {s: MemoryWatch(pid) for s, (_, pid, _) in servers.items()}
+        start_s = rnd(time.perf_counter() - started, 1)
+        try:
+            for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
+                run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
+            for r in range(rounds):
+                order = SERVERS if r % 2 == 0 else SERVERS[::-1]
+                for s in order:
+                    run = run_client(servers[s][0], model_dir, r + 1, work, root / f"{s}-{r}.json")
+                    run.update(round=r, server=s, peak_pss_mib=rnd(watches[s].reset() / 2**20, 0))
+                    runs[s].append(run)
+                    print(name, dtype, json.dumps(run), flush=True)
+        finally:
+            for s, w in watches.items():
+                peaks[s] = max(w.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s]))
+                w.stop()
+        patches = _patch_lines(hf[2])
+    return {"model": name, "dtype": dtype, "start_s": start_s, "runs": runs, **summary(runs),
+            "peak_pss_mib": {s: rnd(p / 2**20, 0) for s, p in peaks.items()}, "cpu_patches": patches}
+
+
+def run_benchmark(models: tuple[str, ...], dtypes: tuple[str, ...], work: Workload, rounds: int,
+                  llama_fp32: bool = False) -> dict[str, Any]:
+    """Every model in every dtype (``llama-1b`` in fp32 only with ``llama_fp32``)."""
+    if not (VLLM_VENV / "bin" / "python").exists():
+        raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it")
+    report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "pairs": []}
+    with tempfile.TemporaryDirectory(prefix="architectures-") as tmp:
+        for name in models:
+            for dtype in dtypes:
+                if name == "llama-1b" and dtype == "fp32" and not llama_fp32:
+                    continue
+                report["pairs"].append(run_pair(name, dtype, work, rounds, Path(tmp)))
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = [{"model": p["model"], "dtype": p["dtype"], "ours tok/s": p["medians"]["hf"]["tok_s"],
+             "vLLM tok/s": p["medians"]["vllm"]["tok_s"], "tok/s ratio": p["tok_s_ratio_median"],
+             "rounds": p["tok_s_ratio_per_round"], "TTFT p50 ours/vLLM": p["ttft_p50_ratio_median"],
+             "TTFT p50 s": f'{p["medians"]["hf"]["ttft_p50_s"]} / {p["medians"]["vllm"]["ttft_p50_s"]}',
+             "TTFT p99 s": f'{p["medians"]["hf"]["ttft_p99_s"]} / {p["medians"]["vllm"]["ttft_p99_s"]}',
+             "peak MiB": f'{p["peak_pss_mib"]["hf"]} / {p["peak_pss_mib"]["vllm"]}'} for p in report["pairs"]]
+    print_table(rows, list(rows[0]) if rows else [], "HF engine (djl-handlers serve) vs vllm serve")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.architectures", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--dtype", default="fp32,bf16")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--llama-fp32", action="store_true", help="also run llama-1b in fp32")
+    parser.add_argument("--quick", action="store_true", help="qwen2-bench in bf16, 8 prompts of 32+16 tokens, 1 round")
+    args = parser.parse_args(argv)
+    work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
+    models, dtypes, rounds = tuple(args.models.split(",")), tuple(args.dtype.split(",")), args.rounds
+    if args.quick:
+        work, models, dtypes, rounds = Workload(8, 8, 32, 16), ("qwen2-bench",), ("bf16",), 1
+    started = context()
+    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32)
+    print_report(report)
+    save_report("architectures", report, args.quick, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""benchmarks/architectures.py and benchmarks/vllm_client.py: the arithmetic of the rounds (per-round
+ratios ours / vLLM, medians, steal), the CPU patch lines read back from a server log, the memory of a
+process tree, and the client's command line (fixed lengths, ignore_eos, greedy)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from benchmarks.architectures import _patch_lines, summary, tree_pss
+from benchmarks.vllm_client import vllm_arguments
+
+
+def _run(tok_s: float, ttft: float, steal: float = 0.0) -> dict[str, Any]:
+    return {"tok_s": tok_s, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "itl_p50_ms": 10.0,
+            "host_cpu_s": {"busy": 20.0, "idle": 0.0, "steal": steal}}
+
+
+def test_summary_takes_ratios_within_each_round_and_their_median() -> None:
+    runs = {"hf": [_run(120, 1.0), _run(90, 2.0), _run(100, 1.0)],
+            "vllm": [_run(100, 2.0), _run(100, 1.0), _run(50, 4.0, steal=5.0)]}
+    got = summary(runs)
+    assert got["tok_s_ratio_per_round"] == [1.2, 0.9, 2.0]
+    assert got["tok_s_ratio_median"] == 1.2
+    assert got["ttft_p50_ratio_per_round"] == [0.5, 2.0, 0.25] and got["ttft_p50_ratio_median"] == 0.5
+    assert got["tok_s_ratio_unstolen"] == {"rounds": 2, "median": 1.05}  # the stolen third round left out
+    assert got["medians"]["hf"]["tok_s"] == 100 and got["medians"]["vllm"]["ttft_p99_s"] == 4.0
+
+
+def test_patch_lines_are_read_back_from_the_server_log(tmp_path: Path) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("2026-12-05 INFO djl_handlers.engines.hf.cpu.patches: CPU patch cpu_norm: fell back: no RMSNorm "
+                   "module (the model normalises with LayerNorm)\nother line\n"
+                   "x CPU patch cpu_linear: applied: 3 nn.Linear layers on prepacked oneDNN weights\n")
+    assert _patch_lines(log) == {"cpu_norm": "fell back: no RMSNorm module (the model normalises with LayerNorm)",
+                                 "cpu_linear": "applied: 3 nn.Linear layers on prepacked oneDNN weights"}
+
+
+def test_tree_pss_counts_this_process() -> None:
+    assert tree_pss(os.getpid()) > 10 * 2**20
+    assert tree_pss(2**22 + 12345) == 0  # no such process
+
+
+def test_the_client_asks_for_fixed_lengths_greedy_and_ignore_eos(tmp_path: Path) -> None:
+    args = argparse.Namespace(base_url="http://127.0.0.1:1", model="m", tokenizer="t", seed=3, num_prompts=16,
+                              input_len=128, output_len=64, max_concurrency=8, result=str(tmp_path / "r.json"))
+    line = vllm_arguments(args)
+    pairs = dict(zip(line[::1], line[1:], strict=False))
+    assert pairs["--random-input-len"] == "128" and pairs["--random-output-len"] == "64"
+    assert pairs["--random-range-ratio"] == "0" and pairs["--temperature"] == "0" and "--ignore-eos" in line
+    assert pairs["--max-concurrency"] == "8" and pairs["--seed"] == "3" and pairs["--dataset-name"] == "random"
+    assert pairs["--result-dir"] == str(tmp_path) and pairs["--result-filename"] == "r.json"
