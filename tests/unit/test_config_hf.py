@@ -11,6 +11,8 @@ from djl_handlers.config.hf import DEFAULT_PREFILL_TOKENS, HuggingFaceOptions
 from djl_handlers.config.models import ServingConfig
 from djl_handlers.errors import ConfigError
 
+pytest_plugins = ["conftest_models"]  # fixture: tiny_dir
+
 
 def _hf(engine: str = "huggingface", **options: str) -> HuggingFaceOptions:
     rolling = {"vllm": "vllm"}.get(engine, "scheduler" if engine != "tensorrt_llm" else "trtllm")
