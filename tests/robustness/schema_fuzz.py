@@ -76,19 +76,23 @@ def error_message(path: str, body: Any) -> str | None:
     dialect = dialect_of_path(path)
     if path == "/tokenize" and isinstance(body, dict) and "error_type" in body:
         dialect = "tgi"
+    if not isinstance(body, dict):
+        return None
+    if dialect != "djl" and {"code", "type", "message"} <= set(body):  # the front end's own (413, 503)
+        return str(body["message"])
     if dialect == "openai":
-        error = body.get("error") if isinstance(body, dict) else None
+        error = body.get("error")
         ok = isinstance(error, dict) and isinstance(error.get("message"), str) and isinstance(error.get("type"), str)
         return error["message"] if ok else None
-    if dialect == "tgi" and isinstance(body, dict) and isinstance(body.get("error_type"), str):
-        return body.get("error") if isinstance(body.get("error"), str) else None
-    if isinstance(body, dict):  # DJL's front end, the handler's error body, a rolling-batch record
-        for key in ("error", "message"):
-            if isinstance(body.get(key), str) and body[key]:
-                return str(body[key])
-        error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):  # OpenAI body to /invocations
-            return str(error["message"])
+    if dialect == "tgi":
+        ok = isinstance(body.get("error_type"), str) and isinstance(body.get("error"), str)
+        return str(body["error"]) if ok else None
+    for key in ("error", "message"):  # DJL's front end, the handler's error body, a rolling-batch record
+        if isinstance(body.get(key), str) and body[key]:
+            return str(body[key])
+    error = body.get("error")
+    if isinstance(error, dict) and isinstance(error.get("message"), str):  # an OpenAI body sent to /invocations
+        return str(error["message"])
     return None
 
 

@@ -41,6 +41,8 @@ def test_error_shapes_are_read_per_dialect() -> None:
     assert error_message("/v1/completions", {"error": "m", "code": 400}) is None
     assert error_message("/generate", {"error": "m", "error_type": "validation"}) == "m"
     assert error_message("/generate", {"code": 400, "message": "m"}) is None
+    assert error_message("/generate", {"code": 413, "type": "PayloadTooLargeException", "message": "m"}) == "m"
+    assert error_message("/v1/models", ["not", "an", "error"]) is None
     assert error_message("/invocations", {"code": 400, "message": "invalid request", "error": "e"}) == "e"
 
 
