@@ -208,3 +208,20 @@ def test_adapters_are_models_and_sagemaker_header_selects_one(tmp_path: Path, ti
             assert by_model.json()["choices"][0]["text"] == want[0] and by_model.json()["model"] == "a"
     finally:
         proc.stop()
+
+
+def test_queries_in_async_mode(tmp_path: Path) -> None:
+    """The query calls go through DJL's async channel in async mode (answered as records)."""
+    model = tmp_path / "fake_async"
+    model.mkdir()
+    model.joinpath("model.py").write_text(FAKE.joinpath("model.py").read_text())
+    model.joinpath("serving.properties").write_text(
+        FAKE.joinpath("serving.properties").read_text() + "\noption.async_mode=true\n")
+    proc = ServerProcess(model, tmp_path / "server.log")
+    try:
+        assert httpx.post(proc.url + "/tokenize", json={"prompt": "hi"}).json()["tokens"] == [104, 105]
+        refused = httpx.post(proc.url + "/detokenize", json={"tokens": [-1]})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "tokens"
+        assert httpx.get(proc.url + "/v1/models").json()["data"][0]["max_model_len"] == 2048
+    finally:
+        proc.stop()
