@@ -126,7 +126,7 @@ def test_refused_requests_get_their_dialects_error(lmi: ServerProcess) -> None: 
     status, _, text = _post(lmi, "/generate", {"inputs": "x", "parameters": {"do_sample": True, "temperature": 0}})
     assert status == 422
     assert json.loads(text) == {"error": "`temperature` must be strictly positive", "error_type": "validation"}
-    status, _, text = _post(lmi, "/v1/completions", {"prompt": "x", "n": 2})
+    status, _, text = _post(lmi, "/v1/completions", {"prompt": "x", "n": 2, "temperature": 0})
     assert status == 400 and json.loads(text)["error"]["type"] == "invalid_request_error"
     status, _, text = _post(lmi, "/invocations", {"inputs": "x", "parameters": {"temprature": 1}})
     assert status == 400 and set(json.loads(text)) == {"error", "code"}
