@@ -14,6 +14,7 @@ front end, worker or engine core) sampled every half second; the machine's steal
 
     python -m benchmarks.architectures [--models qwen2-bench,phi-bench,llama-1b] [--dtype fp32,bf16]
         [--rounds 3] [--prompts 16] [--concurrency 16] [--input-len 128] [--output-len 64] [--quick]
+        [--variant NAME:key=value;...]   # one more HF server with other serving.properties options
 
 ``llama-1b`` runs in bf16 only unless ``--llama-fp32`` (fp32 takes twice as long on 2 cores).
 """
@@ -42,6 +43,7 @@ from benchmarks.served_engines import VLLM_VENV, _descendants
 MODELS = ("qwen2-bench", "phi-bench", "llama-1b")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SERVERS = ("hf", "vllm")
+BASELINE = "vllm"
 
 
 @dataclass(frozen=True)
@@ -115,15 +117,26 @@ def _env() -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false"}
 
 
+def parse_variant(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``NAME:key=value;key=value`` -> one more HF server with those ``serving.properties`` options."""
+    name, _, rest = text.partition(":")
+    pairs = [item.split("=", 1) for item in rest.split(";") if item.strip()]
+    if not name or name in SERVERS or not pairs or any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"--variant {text!r}: expected NAME:key=value;key=value (NAME not hf or vllm)")
+    return name, tuple((k.strip().removeprefix("option."), v.strip()) for k, v in pairs)
+
+
 @contextlib.contextmanager
-def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path) -> Iterator[tuple[str, int, Path]]:
-    """``djl-handlers serve`` on ``model_dir`` with the HF engine; yields (url, pid, log)."""
-    folder = root / f"hf-{model_dir.name}-{dtype}"
+def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path, name: str = "hf",
+             options: tuple[tuple[str, str], ...] = ()) -> Iterator[tuple[str, int, Path]]:
+    """``djl-handlers serve`` on ``model_dir`` with the HF engine (plus ``options``); yields (url, pid, log)."""
+    folder = root / f"{name}-{model_dir.name}-{dtype}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "serving.properties").write_text("\n".join([
         "engine=Python", "option.entryPoint=djl_handlers.huggingface", f"option.model_id={model_dir}",
         f"option.dtype={dtype}", "option.rolling_batch=scheduler",
-        f"option.max_rolling_batch_size={work.concurrency}", "option.max_model_len=2048"]) + "\n")
+        f"option.max_rolling_batch_size={work.concurrency}", "option.max_model_len=2048",
+        *(f"option.{key}={value}" for key, value in options)]) + "\n")
     port = _free_port()
     log = root / f"{folder.name}.log"
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
@@ -178,21 +191,29 @@ def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) 
             "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu())}
 
 
-def _ratios(runs: dict[str, list[dict[str, Any]]], key: str) -> list[float]:
-    return [rnd(a[key] / b[key], 3) or 0.0 for a, b in zip(runs["hf"], runs["vllm"], strict=True) if b[key]]
+def _ratios(runs: dict[str, list[dict[str, Any]]], key: str, name: str = "hf") -> list[float]:
+    return [rnd(a[key] / b[key], 3) or 0.0 for a, b in zip(runs[name], runs[BASELINE], strict=True) if b[key]]
 
 
 def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per-round ratios (ours / vLLM) and their medians; the rounds neither run was stolen in beside."""
+    """Per-round ratios (ours / vLLM) and their medians; the rounds neither run was stolen in beside.
+    A variant (another HF server) gets its own ratios to vLLM."""
     tok = _ratios(runs, "tok_s")
     ttft = _ratios(runs, "ttft_p50_s")
-    clean = [r for r, a, b in zip(tok, runs["hf"], runs["vllm"], strict=True)
+    clean = [r for r, a, b in zip(tok, runs["hf"], runs[BASELINE], strict=True)
              if not stolen(a.get("host_cpu_s"), b.get("host_cpu_s"))]
-    return {"tok_s_ratio_per_round": tok, "tok_s_ratio_median": rnd(median(tok), 3),
-            "ttft_p50_ratio_per_round": ttft, "ttft_p50_ratio_median": rnd(median(ttft), 3),
-            "tok_s_ratio_unstolen": {"rounds": len(clean), "median": rnd(median(clean), 3) if clean else None},
-            "medians": {name: {key: rnd(median([r[key] for r in rs]), 3) for key in
-                               ("tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms")} for name, rs in runs.items()}}
+    out: dict[str, Any] = {
+        "tok_s_ratio_per_round": tok, "tok_s_ratio_median": rnd(median(tok), 3),
+        "ttft_p50_ratio_per_round": ttft, "ttft_p50_ratio_median": rnd(median(ttft), 3),
+        "tok_s_ratio_unstolen": {"rounds": len(clean), "median": rnd(median(clean), 3) if clean else None},
+        "medians": {name: {key: rnd(median([r[key] for r in rs]), 3) for key in
+                           ("tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms")} for name, rs in runs.items()}}
+    for name in runs:
+        if name not in SERVERS:
+            ratios = _ratios(runs, "tok_s", name)
+            out[f"{name}_tok_s_ratio_per_round"] = ratios
+            out[f"{name}_tok_s_ratio_median"] = rnd(median(ratios), 3)
+    return out
 
 
 def _patch_lines(log: Path) -> dict[str, str]:
@@ -205,23 +226,30 @@ def _patch_lines(log: Path) -> dict[str, str]:
     return found
 
 
-def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path) -> dict[str, Any]:
-    """Both servers on one model and dtype: warm-up, then ``rounds`` alternated rounds."""
+def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
+             variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()) -> dict[str, Any]:
+    """Both servers (and any HF ``variants``) on one model and dtype: warm-up, then ``rounds`` rounds,
+    the order rotating."""
     from djl_handlers.model.architectures import build_model_dir
 
     model_dir = build_model_dir(None, name, dtype="bfloat16")
-    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERVERS}
+    names = [*SERVERS, *(v for v, _ in variants)]
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in names}
     peaks: dict[str, int] = {}
     started = time.perf_counter()
-    with serve_hf(model_dir, dtype, work, root) as hf, serve_vllm(model_dir, dtype, work, root) as vllm:
-        servers = {"hf": hf, "vllm": vllm}
+    with contextlib.ExitStack() as stack:
+        servers = {"hf": stack.enter_context(serve_hf(model_dir, dtype, work, root)),
+                   "vllm": stack.enter_context(serve_vllm(model_dir, dtype, work, root))}
+        for variant, options in variants:
+            servers[variant] = stack.enter_context(serve_hf(model_dir, dtype, work, root, variant, options))
+        hf = servers["hf"]
         watches = {s: MemoryWatch(pid) for s, (_, pid, _) in servers.items()}
         start_s = rnd(time.perf_counter() - started, 1)
         try:
             for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
                 run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
             for r in range(rounds):
-                order = SERVERS if r % 2 == 0 else SERVERS[::-1]
+                order = names[r % len(names):] + names[:r % len(names)]
                 for s in order:
                     run = run_client(servers[s][0], model_dir, r + 1, work, root / f"{s}-{r}.json")
                     run.update(round=r, server=s, peak_pss_mib=rnd(watches[s].reset() / 2**20, 0))
@@ -237,17 +265,19 @@ def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path) -> 
 
 
 def run_benchmark(models: tuple[str, ...], dtypes: tuple[str, ...], work: Workload, rounds: int,
-                  llama_fp32: bool = False) -> dict[str, Any]:
+                  llama_fp32: bool = False, variants: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every model in every dtype (``llama-1b`` in fp32 only with ``llama_fp32``)."""
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it")
-    report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "pairs": []}
+    extra = tuple(parse_variant(v) for v in variants)
+    report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "pairs": [],
+                              "variants": {name: dict(options) for name, options in extra}}
     with tempfile.TemporaryDirectory(prefix="architectures-") as tmp:
         for name in models:
             for dtype in dtypes:
                 if name == "llama-1b" and dtype == "fp32" and not llama_fp32:
                     continue
-                report["pairs"].append(run_pair(name, dtype, work, rounds, Path(tmp)))
+                report["pairs"].append(run_pair(name, dtype, work, rounds, Path(tmp), extra))
     return report
 
 
@@ -257,7 +287,9 @@ def print_report(report: dict[str, Any]) -> None:
              "rounds": p["tok_s_ratio_per_round"], "TTFT p50 ours/vLLM": p["ttft_p50_ratio_median"],
              "TTFT p50 s": f'{p["medians"]["hf"]["ttft_p50_s"]} / {p["medians"]["vllm"]["ttft_p50_s"]}',
              "TTFT p99 s": f'{p["medians"]["hf"]["ttft_p99_s"]} / {p["medians"]["vllm"]["ttft_p99_s"]}',
-             "peak MiB": f'{p["peak_pss_mib"]["hf"]} / {p["peak_pss_mib"]["vllm"]}'} for p in report["pairs"]]
+             "peak MiB": f'{p["peak_pss_mib"]["hf"]} / {p["peak_pss_mib"]["vllm"]}',
+             **{f"{v} / vLLM": p.get(f"{v}_tok_s_ratio_median") for v in report.get("variants", {})}}
+            for p in report["pairs"]]
     print_table(rows, list(rows[0]) if rows else [], "HF engine (djl-handlers serve) vs vllm serve")
 
 
@@ -271,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--llama-fp32", action="store_true", help="also run llama-1b in fp32")
+    parser.add_argument("--variant", action="append", metavar="NAME:key=value;...",
+                        help="one more HF server with these serving.properties options")
     parser.add_argument("--quick", action="store_true", help="qwen2-bench in bf16, 8 prompts of 32+16 tokens, 1 round")
     args = parser.parse_args(argv)
     work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
@@ -278,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         work, models, dtypes, rounds = Workload(8, 8, 32, 16), ("qwen2-bench",), ("bf16",), 1
     started = context()
-    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32)
+    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32, tuple(args.variant or ()))
     print_report(report)
     save_report("architectures", report, args.quick, started)
     return 0

@@ -52,3 +52,18 @@ def test_the_client_asks_for_fixed_lengths_greedy_and_ignore_eos(tmp_path: Path)
     assert pairs["--random-range-ratio"] == "0" and pairs["--temperature"] == "0" and "--ignore-eos" in line
     assert pairs["--max-concurrency"] == "8" and pairs["--seed"] == "3" and pairs["--dataset-name"] == "random"
     assert pairs["--result-dir"] == str(tmp_path) and pairs["--result-filename"] == "r.json"
+
+
+def test_a_variant_is_an_hf_server_with_options_and_gets_its_own_ratios() -> None:
+    import pytest
+
+    from benchmarks.architectures import parse_variant
+
+    assert parse_variant("fixed:option.cpu_threads=fixed; max_prefill_tokens=512") == (
+        "fixed", (("cpu_threads", "fixed"), ("max_prefill_tokens", "512")))
+    for bad in ("fixed", "hf:cpu_threads=fixed", ":a=b", "x:novalue"):
+        with pytest.raises(ValueError, match="--variant"):
+            parse_variant(bad)
+    runs = {"hf": [_run(100, 1.0)], "vllm": [_run(80, 1.0)], "fixed": [_run(120, 1.0)]}
+    got = summary(runs)
+    assert got["tok_s_ratio_per_round"] == [1.25] and got["fixed_tok_s_ratio_per_round"] == [1.5]
