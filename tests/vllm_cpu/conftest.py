@@ -4,7 +4,9 @@ The tests here run inside ``.venv-vllm`` (``scripts/setup_vllm_cpu.sh``), or in 
 where ``vllm`` is installed and ``DJL_HANDLERS_VLLM_CPU=1`` is set; elsewhere they are skipped.
 Where they run, the environment vLLM's CPU build reads is set before torch is imported (each
 value only when the caller did not set it): a 1 GiB KV cache, 2 OpenMP threads (vLLM cuts torch
-to 1 thread otherwise), the HF hub offline.
+to 1 thread otherwise), the HF hub offline; for Ray (``test_vllm_cpu_ray.py``), read when Ray is imported:
+no usage stats, a one-machine cluster whose nodes keep 127.0.0.1 as their address, no token
+authentication (nothing listens beyond the loopback interface).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ if REASON is None:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": "disabled",
     }.items():
         os.environ.setdefault(key, value)
 

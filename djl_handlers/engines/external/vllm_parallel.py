@@ -6,7 +6,8 @@ vLLM starts and feeds the ranks itself (``distributed_executor_backend``: ``mp``
 
 - the degrees checked before vLLM loads anything (``config.parallel``): a model the degree cannot
   split, GPUs the machine does not have, Ray on a vLLM platform that has no Ray device (vLLM's CPU
-  build: ``current platform cpu does not support ray``), data parallelism without async mode;
+  build: ``current platform cpu does not support ray``), pipeline stages on vLLM's CPU engine (it
+  starts them, then its first step fails), data parallelism without async mode;
 - on vLLM's CPU engine, a thread binding that works when the ranks outnumber the NUMA nodes. vLLM's
   default (``VLLM_CPU_OMP_THREADS_BIND=auto``) binds rank *i* to NUMA node *i* and refuses to start
   otherwise; the handler then gives each local rank its own slice of the usable cores (ranks share
@@ -137,6 +138,13 @@ def _check(vllm: Any, config: Any, kwargs: dict[str, Any], platform: Any) -> Non
                 f"{platform.device_name} cannot run over Ray (its platform declares no Ray device: 'current "
                 f"platform {platform.device_name} does not support ray'); use mp, which runs the ranks on "
                 "this node", field="option.distributed_executor_backend")
+    if options.pipeline_parallel_degree > 1 and platform is not None and platform.is_cpu():
+        raise ConfigError(
+            f"option.pipeline_parallel_degree={options.pipeline_parallel_degree}: vLLM "
+            f"{getattr(vllm, '__version__', '')}'s CPU engine starts the pipeline stages but fails on the first "
+            "step (its model runner has no intermediate tensors for a later stage: AssertionError in "
+            "sync_and_gather_intermediate_tensors); pipeline parallelism needs vLLM on GPUs. On the CPU use "
+            "option.tensor_parallel_degree", field="option.pipeline_parallel_degree")
     if options.data_parallel_size > 1 and not getattr(config, "async_mode", False):
         raise ConfigError(
             f"option.data_parallel_size={options.data_parallel_size} needs async mode (option.async_mode=true: "
