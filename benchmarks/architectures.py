@@ -31,16 +31,29 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, context, host_cpu, host_delta, median, print_table, rnd, stolen, stop_process
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    context,
+    host_cpu,
+    host_delta,
+    median,
+    print_table,
+    result_path,
+    rnd,
+    stolen,
+    stop_process,
+)
 from benchmarks.common import write_report as save_report
 from benchmarks.served_engines import VLLM_VENV, _descendants
 
 MODELS = ("qwen2-bench", "phi-bench", "llama-1b")
+LOGS = RESULTS / "architectures-logs"  # each server's log, kept (git-ignored like every result)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SERVERS = ("hf", "vllm")
 BASELINE = "vllm"
@@ -138,7 +151,7 @@ def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path, name: str 
         f"option.max_rolling_batch_size={work.concurrency}", "option.max_model_len=2048",
         *(f"option.{key}={value}" for key, value in options)]) + "\n")
     port = _free_port()
-    log = root / f"{folder.name}.log"
+    log = LOGS / f"{folder.name}.log"
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(folder), "--host", "127.0.0.1",
@@ -156,7 +169,7 @@ def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path, name: str 
 def serve_vllm(model_dir: Path, dtype: str, work: Workload, root: Path) -> Iterator[tuple[str, int, Path]]:
     """vLLM's OpenAI server (what ``vllm serve`` runs) on ``model_dir`` with its defaults; yields (url, pid, log)."""
     port = _free_port()
-    log = root / f"vllm-{model_dir.name}-{dtype}.log"
+    log = LOGS / f"vllm-{model_dir.name}-{dtype}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
                                  "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
@@ -191,8 +204,15 @@ def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) 
             "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu())}
 
 
-def _ratios(runs: dict[str, list[dict[str, Any]]], key: str, name: str = "hf") -> list[float]:
-    return [rnd(a[key] / b[key], 3) or 0.0 for a, b in zip(runs[name], runs[BASELINE], strict=True) if b[key]]
+def _ratios(runs: dict[str, list[dict[str, Any]]], key: str, name: str = "hf") -> list[float | None]:
+    """``name`` over vLLM per round; None for a round where either run failed a request."""
+    return [rnd(a[key] / b[key], 3) if b[key] and not (a["failed"] or b["failed"]) else None
+            for a, b in zip(runs[name], runs[BASELINE], strict=True)]
+
+
+def _median(values: list[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return rnd(median(found), 3) if found else None
 
 
 def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -201,18 +221,19 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     tok = _ratios(runs, "tok_s")
     ttft = _ratios(runs, "ttft_p50_s")
     clean = [r for r, a, b in zip(tok, runs["hf"], runs[BASELINE], strict=True)
-             if not stolen(a.get("host_cpu_s"), b.get("host_cpu_s"))]
+             if r is not None and not stolen(a.get("host_cpu_s"), b.get("host_cpu_s"))]
     out: dict[str, Any] = {
-        "tok_s_ratio_per_round": tok, "tok_s_ratio_median": rnd(median(tok), 3),
-        "ttft_p50_ratio_per_round": ttft, "ttft_p50_ratio_median": rnd(median(ttft), 3),
-        "tok_s_ratio_unstolen": {"rounds": len(clean), "median": rnd(median(clean), 3) if clean else None},
-        "medians": {name: {key: rnd(median([r[key] for r in rs]), 3) for key in
+        "tok_s_ratio_per_round": tok, "tok_s_ratio_median": _median(tok),
+        "ttft_p50_ratio_per_round": ttft, "ttft_p50_ratio_median": _median(ttft),
+        "tok_s_ratio_unstolen": {"rounds": len(clean), "median": _median(list(clean))},
+        "failed_requests": {name: sum(r["failed"] for r in rs) for name, rs in runs.items()},
+        "medians": {name: {key: _median([r[key] for r in rs if not r["failed"]]) for key in
                            ("tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms")} for name, rs in runs.items()}}
     for name in runs:
         if name not in SERVERS:
             ratios = _ratios(runs, "tok_s", name)
             out[f"{name}_tok_s_ratio_per_round"] = ratios
-            out[f"{name}_tok_s_ratio_median"] = rnd(median(ratios), 3)
+            out[f"{name}_tok_s_ratio_median"] = _median(ratios)
     return out
 
 
@@ -265,19 +286,23 @@ def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
 
 
 def run_benchmark(models: tuple[str, ...], dtypes: tuple[str, ...], work: Workload, rounds: int,
-                  llama_fp32: bool = False, variants: tuple[str, ...] = ()) -> dict[str, Any]:
+                  llama_fp32: bool = False, variants: tuple[str, ...] = (),
+                  progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every model in every dtype (``llama-1b`` in fp32 only with ``llama_fp32``)."""
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it")
     extra = tuple(parse_variant(v) for v in variants)
     report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "pairs": [],
-                              "variants": {name: dict(options) for name, options in extra}}
+                              "variants": {name: dict(options) for name, options in extra}, "logs": str(LOGS)}
+    LOGS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="architectures-") as tmp:
         for name in models:
             for dtype in dtypes:
                 if name == "llama-1b" and dtype == "fp32" and not llama_fp32:
                     continue
                 report["pairs"].append(run_pair(name, dtype, work, rounds, Path(tmp), extra))
+                if progress is not None:
+                    progress(report)
     return report
 
 
@@ -312,7 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         work, models, dtypes, rounds = Workload(8, 8, 32, 16), ("qwen2-bench",), ("bf16",), 1
     started = context()
-    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32, tuple(args.variant or ()))
+    def progress(partial: dict[str, Any]) -> None:  # a report after every pair: a late failure loses nothing
+        result_path("architectures-partial", args.quick).write_text(json.dumps(partial, indent=1) + "\n")
+
+    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32, tuple(args.variant or ()), progress)
     print_report(report)
     save_report("architectures", report, args.quick, started)
     return 0

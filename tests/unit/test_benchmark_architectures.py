@@ -13,8 +13,8 @@ from benchmarks.architectures import _patch_lines, summary, tree_pss
 from benchmarks.vllm_client import vllm_arguments
 
 
-def _run(tok_s: float, ttft: float, steal: float = 0.0) -> dict[str, Any]:
-    return {"tok_s": tok_s, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "itl_p50_ms": 10.0,
+def _run(tok_s: float, ttft: float, steal: float = 0.0, failed: int = 0) -> dict[str, Any]:
+    return {"tok_s": tok_s, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "itl_p50_ms": 10.0, "failed": failed,
             "host_cpu_s": {"busy": 20.0, "idle": 0.0, "steal": steal}}
 
 
@@ -67,3 +67,11 @@ def test_a_variant_is_an_hf_server_with_options_and_gets_its_own_ratios() -> Non
     runs = {"hf": [_run(100, 1.0)], "vllm": [_run(80, 1.0)], "fixed": [_run(120, 1.0)]}
     got = summary(runs)
     assert got["tok_s_ratio_per_round"] == [1.25] and got["fixed_tok_s_ratio_per_round"] == [1.5]
+
+
+def test_a_round_with_failed_requests_has_no_ratio_and_is_counted() -> None:
+    runs = {"hf": [_run(100, 1.0), _run(90, 1.0)], "vllm": [_run(80, 1.0), _run(0.0, 0.0, failed=16)]}
+    got = summary(runs)
+    assert got["tok_s_ratio_per_round"] == [1.25, None] and got["tok_s_ratio_median"] == 1.25
+    assert got["failed_requests"] == {"hf": 0, "vllm": 16}
+    assert got["medians"]["vllm"]["tok_s"] == 80  # the failed run is not a speed
