@@ -11,24 +11,28 @@ from djl_handlers.engines.hf.cpu.threads import ThreadGovernor, run_queue_second
 
 
 class _Clocks:
-    """A wall clock and a run-queue clock a test advances: each step takes ``step_s`` wall seconds,
-    during which the threads wait ``waiting`` seconds per second for a CPU."""
+    """A wall clock, a run-queue clock and a CPU clock a test advances: each step takes ``step_s`` wall
+    seconds, during which the threads wait ``waiting`` seconds per second for a CPU and the process
+    gets ``cores(threads)`` CPU seconds per second (default: one core whatever the count, as with one
+    busy neighbour on 2 cores)."""
 
     def __init__(self) -> None:
         self.wall = 100.0
         self.queued = 0.0
+        self.cpu = 0.0
         self.set_calls: list[int] = []
 
     def governor(self, most: int, **kwargs: Any) -> ThreadGovernor:
         return ThreadGovernor(most, set_threads=self.set_calls.append, clock=lambda: self.wall,
-                              waited=lambda: self.queued, **kwargs)
+                              waited=lambda: self.queued, cpu=lambda: self.cpu, **kwargs)
 
     def steps(self, governor: ThreadGovernor, waiting: float, seconds: float, step_s: float = 0.125,
-              idle_s: float = 0.0) -> None:
+              idle_s: float = 0.0, cores: Any = lambda threads: 1.0) -> None:
         for _ in range(round(seconds / step_s)):
             started = governor.start()
             self.wall += step_s
             self.queued += step_s * waiting
+            self.cpu += step_s * cores(governor.threads)
             governor.finish(started)
             self.wall += idle_s  # between steps: not counted
 
@@ -101,6 +105,36 @@ def test_failed_probes_go_back_and_wait_longer_each_time() -> None:
     assert len(probes) >= 3
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0]  # back-off
     assert max(gaps) <= 32.0 + 2.5  # capped at max_probe_s (plus the probe's own window)
+
+
+def _crowd(threads: int) -> float:
+    """A crowd of runnable threads on 2 cores: each of ours gets a quarter of a core."""
+    return 0.25 * threads
+
+
+def test_in_a_crowd_the_threads_that_get_more_cpu_are_kept() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0, probe_s=8.0, max_probe_s=32.0)
+    at_one = 0.0
+    for _ in range(1600):  # 200 s of a crowd: every count waits, 2 threads get twice the CPU of 1
+        clocks.steps(governor, waiting=1.0, seconds=0.125, cores=_crowd)
+        at_one += 0.125 if governor.threads == 1 else 0.0
+    assert governor.threads == 2
+    assert clocks.set_calls[:2] == [1, 2]  # halved, then back after one window that got half the CPU
+    assert at_one <= 0.05 * 200  # one window at 1 thread per hold-off, the hold-offs growing to 32 s
+    assert len(clocks.set_calls) <= 2 * (1 + 200 // 8)
+
+
+def test_a_probe_in_a_crowd_is_kept_although_it_waits() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0, probe_s=8.0)
+    clocks.steps(governor, waiting=BUSY, seconds=2.0)  # one busy neighbour: 2 threads get no more CPU
+    clocks.steps(governor, waiting=FREE, seconds=1.0)
+    assert governor.threads == 1 and clocks.set_calls == [1]
+    clocks.steps(governor, waiting=1.0, seconds=10.0, cores=_crowd)  # then a crowd: the probe gets 2x
+    assert governor.threads == 2 and clocks.set_calls == [1, 2]
+    clocks.steps(governor, waiting=1.0, seconds=5.0, cores=_crowd)
+    assert governor.threads == 2  # held: no halving during the hold-off
 
 
 def test_never_more_than_it_started_with_and_halving_stops_at_one() -> None:
