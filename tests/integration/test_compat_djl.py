@@ -404,7 +404,8 @@ def _both(djl_io: tuple[type, type], handlers: tuple[Handler, Handler], frame: b
 
 
 def _options(model: Path, **extra: str) -> dict[str, str]:
-    return {"model_id": str(model), "dtype": "fp32", "model_dir": str(model), **extra}
+    # a fixed KV bound: the default (half the memory free at load) differs between the two engines
+    return {"model_id": str(model), "dtype": "fp32", "model_dir": str(model), "kv_cache_memory_bytes": "1G", **extra}
 
 
 def _batch_frame(bodies: list[Optional[bytes]], seeds: Optional[list[str]] = None) -> bytes:
