@@ -442,7 +442,7 @@ def openai_cases() -> Iterator[Case]:
         # the corpus's fake engine has no grammar engine: a constraint is refused, never ignored
         "response-format": ({"messages": CHAT_OK, "response_format": {"type": "json_object"}}, "structured output"),
         "functions": ({"messages": CHAT_OK, "functions": []}, "functions"),
-        "n-2": ({"messages": CHAT_OK, "n": 2}, "n must be 1"),
+        "n-2-greedy": ({"messages": CHAT_OK, "n": 2, "temperature": 0}, "n must be 1"),
         "temperature-3": ({"messages": CHAT_OK, "temperature": 3}, "temperature"),
         "temperature-string": ({"messages": CHAT_OK, "temperature": "hot"}, "temperature"),
         "temperature-nan": ({"messages": CHAT_OK, "temperature": math.nan}, "temperature"),
@@ -469,11 +469,11 @@ def openai_cases() -> Iterator[Case]:
         "prompt-token-ids": ({"prompt": [1, 2, 3]}, "prompt"),
         "prompt-null": ({"prompt": None}, "prompt"),
         "suffix": ({"prompt": "x", "suffix": "y"}, "suffix"),
-        "best-of-2": ({"prompt": "x", "best_of": 2}, "best_of"),
+        "best-of-2-greedy": ({"prompt": "x", "best_of": 2, "temperature": 0}, "best_of"),
         "logprobs-9": ({"prompt": "x", "logprobs": 9}, "logprobs"),
         "logprobs-bool": ({"prompt": "x", "logprobs": True}, "logprobs"),
         "echo-int": ({"prompt": "x", "echo": 1}, "echo"),
-        "n-string": ({"prompt": "x", "n": "1"}, "n must be 1"),
+        "n-string": ({"prompt": "x", "n": "1"}, "n"),
         "presence-penalty-hf": ({"prompt": "x", "presence_penalty": 1.0}, "presence_penalty"),
         "temperature-neg": ({"prompt": "x", "temperature": -1}, "temperature"),
         "frequency-penalty-string": ({"prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
@@ -496,7 +496,6 @@ def tgi_cases() -> Iterator[Case]:
         "watermark": ('{"inputs": "x", "parameters": {"watermark": true}}', "watermark"),
         "grammar": ('{"inputs": "x", "parameters": {"grammar": {"type": "json", "value": {}}}}', "grammar"),
         "stop-int": ('{"inputs": "x", "parameters": {"stop": 5}}', "stop"),
-        "best-of-2": ('{"inputs": "x", "parameters": {"best_of": 2}}', "best_of"),
         "top-n-tokens-50": ('{"inputs": "x", "parameters": {"top_n_tokens": 50}}', "top_n_tokens"),
         "max-new-tokens-string": ('{"inputs": "x", "parameters": {"max_new_tokens": "5"}}', "max_new_tokens"),
         "temperature-nan": ('{"inputs": "x", "parameters": {"temperature": NaN}}', "temperature"),
@@ -505,6 +504,9 @@ def tgi_cases() -> Iterator[Case]:
     }
     for label, (body, mention) in tgi.items():
         yield Case(f"tgi-{label}", body.encode(), api="tgi", mentions=(mention,))
+    # TGI answers a greedy best_of with its own 422 (validation), as TGI does
+    yield Case("tgi-best-of-2-greedy", b'{"inputs": "x", "parameters": {"best_of": 2, "do_sample": false}}', api="tgi",
+               status=422, mentions=("best_of",))
     yield Case("tgi-adapter-id-unknown", b'{"inputs": "x", "parameters": {"adapter_id": "lora"}}', api="tgi",
                status=404, mentions=("lora",))
     yield Case("tgi-inputs-list", b'{"inputs": ["a"]}', api="tgi", mentions=("inputs",), modes=(ROLLING,))
