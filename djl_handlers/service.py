@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.async_mode import AsyncMode, record_output
+from djl_handlers.config.resolve import check_async_mode
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.dialects.dispatch import parse_request
 from djl_handlers.dialects.registry import error_formatter
@@ -81,6 +82,7 @@ class InferenceService:
             # DJL's model_id_or_path: weights in the model directory itself are the model
             props["model_id"] = str(props["model_dir"])
         config = ServingConfig.from_properties(props, engine=self.engine_name)
+        check_async_mode(props)  # async mode beside a rolling batch would never answer on DJL
         if not config.async_mode and _awaited_without_async_mode(props):
             config = replace(config, async_mode=True)  # engines with an async API build it (vLLM)
         factory = self._engine_factory or _registry_factory(config)

@@ -100,6 +100,16 @@ def is_async_value(value: object) -> bool:
     return isinstance(value, str) and value.strip().lower() == "true"
 
 
+def check_async_mode(options: Mapping[str, object]) -> None:
+    """``ConfigError`` for ``async_mode=true`` beside a rolling batch: DJL's Java side would then drive its
+    rolling-batch loop against the async worker (its ``PyProcess`` checks the rolling batch first), which
+    never answers; async mode needs ``option.rolling_batch=disable``."""
+    rolling = options.get("rolling_batch")
+    if is_async_value(options.get("async_mode")) and is_rolling_value(rolling if isinstance(rolling, str) else None):
+        raise ConfigError(f"option.async_mode=true needs option.rolling_batch=disable, got {rolling!r}: DJL Serving "
+                          "would run its rolling-batch loop against the async handler", field="option.rolling_batch")
+
+
 def mode_of(options: Mapping[str, object]) -> str:
     """``async``, ``rolling`` or ``dynamic`` from the (already resolved) option map — the handler's rule."""
     if is_async_value(options.get("async_mode")):
@@ -314,6 +324,7 @@ def resolve_model(model_dir: str | os.PathLike[str], env: Mapping[str, str] | No
     written = props.get("option.rolling_batch")
     props, changes, config_file = recommend(props, path, env, rules)
     server, options = split_properties(props)
+    check_async_mode(options)
     entry_point = resolve_entry_point(path, ModelProperties(str(path), server, options), env)
     return ResolvedModel(
         model_name=path.name, model_dir=str(path), entry_point=entry_point, server=server,

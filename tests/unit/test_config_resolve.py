@@ -64,7 +64,7 @@ TABLE = [
     ("option.rolling_batch=auto\noption.max_rolling_batch_size=16", CAUSAL, {"SERVING_FEATURES": "tnx", **OLD},
      "vllm", "rolling"),
     ("option.rolling_batch=scheduler", CAUSAL, {"SERVING_FEATURES": "vllm"}, "scheduler", "rolling"),
-    ("option.rolling_batch=scheduler\noption.async_mode=true", CAUSAL, {}, "scheduler", "async"),
+    ("option.rolling_batch=disable\noption.async_mode=true", CAUSAL, {}, "disable", "async"),
     ("option.rolling_batch=scheduler", CAUSAL, {}, "scheduler", "rolling"),
     ("option.rolling_batch=lmi-dist", CAUSAL, {}, "vllm", "rolling"),
     ("option.rolling_batch=scheduler\nbatch_size=2", CAUSAL, {}, "disable", "dynamic"),
@@ -193,3 +193,12 @@ def test_invariants(tmp_path_factory: pytest.TempPathFactory, rolling: str | Non
     assert mode == ("rolling" if is_rolling_value(options.get("rolling_batch")) else "dynamic")
     if has_config and batch in ("2", "8"):
         assert mode == "dynamic"
+
+
+@pytest.mark.parametrize("rolling", ["scheduler", "vllm", "auto"])
+def test_async_mode_beside_a_rolling_batch_is_a_clear_error(tmp_path: Path, rolling: str) -> None:
+    """DJL's Java side would drive its rolling-batch loop against the async worker: refused by name
+    (``auto`` without a readable config.json stays ``auto``, a rolling batch for DJL)."""
+    model = _model(tmp_path, f"option.rolling_batch={rolling}\noption.async_mode=true")
+    with pytest.raises(ConfigError, match="option.async_mode=true needs option.rolling_batch=disable"):
+        resolve_model(model, {})
