@@ -151,3 +151,42 @@ def test_every_cpu_example_is_checked() -> None:
     gpu_only = {"lmi-dist", "trtllm"}
     names = {p.name for p in EXAMPLES.iterdir() if (p / "serving.properties").is_file()}
     assert names == set(EXAMPLE_CHECKS) | gpu_only
+
+
+def _async_checks(server: DjlServer) -> None:
+    """What async mode must keep: the rolling checks, concurrent requests, a 400 beside a good one."""
+    _rolling(server)
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [{"inputs": f"Request {i} says", "parameters": {"max_new_tokens": 6}} for i in range(4)]
+    bodies[2] = {"inputs": "bad", "parameters": {"max_new_tokens": -1}}
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda b: httpx.post(server.url + "/invocations", json=b, timeout=300), bodies))
+    for index, reply in enumerate(replies):
+        if index == 2:
+            assert reply.status_code == 400 and "max_new_tokens" in reply.text
+        else:
+            assert reply.status_code == 200 and reply.json()["generated_text"]
+
+
+@pytest.mark.parametrize("name", ["deepspeed", "vllm"])
+def test_example_in_async_mode_on_djl(djl_ready: None, tmp_path: Path, name: str) -> None:
+    """The same examples with ``option.async_mode=true`` (and ``rolling_batch=disable``, as DJL 0.36
+    writes it): DJL's PythonAsyncEngine awaits our handler per request."""
+    reason = _skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    model_dir = shutil.copytree(EXAMPLES / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    props = model_dir / "serving.properties"
+    text = "\n".join(line for line in props.read_text(encoding="utf-8").splitlines()
+                     if not line.startswith("option.rolling_batch="))
+    text = text.replace("option.gpu_memory_utilization=0.9", "option.gpu_memory_utilization=0.3")
+    props.write_text(text + "\noption.rolling_batch=disable\noption.async_mode=true\n"
+                     + ("option.model_loading_timeout=900\n" if name == "vllm" else ""), encoding="utf-8")
+    python = str(VLLM_PYTHON) if name == "vllm" else None
+    with DjlServer(model_dir, python=python, startup_timeout=960 if name == "vllm" else 300) as server:
+        try:
+            _async_checks(server)
+        except BaseException:
+            print(server.log_tail(80))
+            raise
