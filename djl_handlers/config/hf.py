@@ -46,7 +46,9 @@ class HuggingFaceOptions:
     task: str | None = None
     quantize: str | None = None
     # the step
-    max_prefill_tokens: int = DEFAULT_PREFILL_TOKENS  # padded prompt tokens prefilled per step
+    # padded prompt tokens prefilled per step; None: the device's default (engines/hf/prefill_budget.py:
+    # DEFAULT_PREFILL_TOKENS on a CPU, more on a large GPU)
+    max_prefill_tokens: int | None = None
     torch_threads: int | None = None  # torch's intra-op threads (None: OMP_NUM_THREADS or torch's default)
     cpu_threads: str = "adaptive"  # fewer torch threads while other processes hold the cores; or "fixed"
     # prefix caching (engines/hf/prefix_cache.py): prompt KV reused across requests, in blocks, LRU-bounded
@@ -102,8 +104,7 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
     _check_step(r)
     defaults = HuggingFaceOptions()
     step = HuggingFaceOptions(
-        max_prefill_tokens=r.integer("max_prefill_tokens", defaults.max_prefill_tokens, 1)
-        or defaults.max_prefill_tokens,
+        max_prefill_tokens=r.integer("max_prefill_tokens", None, 1),
         torch_threads=r.integer("torch_threads", None, 1),
         cpu_threads=r.choice("cpu_threads", defaults.cpu_threads, CPU_THREADS),
         enable_prefix_caching=r.boolean("enable_prefix_caching", defaults.enable_prefix_caching),

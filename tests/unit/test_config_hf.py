@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from djl_handlers.config.hf import DEFAULT_PREFILL_TOKENS, HuggingFaceOptions
+from djl_handlers.config.hf import HuggingFaceOptions
 from djl_handlers.config.models import ServingConfig
 from djl_handlers.errors import ConfigError
 
@@ -22,7 +22,7 @@ def _hf(engine: str = "huggingface", **options: str) -> HuggingFaceOptions:
 def test_unset_options_take_the_one_set_of_defaults() -> None:
     hf = _hf()
     assert hf == HuggingFaceOptions()
-    assert (hf.max_prefill_tokens, hf.torch_threads, hf.cpu_threads) == (DEFAULT_PREFILL_TOKENS, None, "adaptive")
+    assert (hf.max_prefill_tokens, hf.torch_threads, hf.cpu_threads) == (None, None, "adaptive")  # None: per device
     assert (hf.cpu_linear, hf.cpu_fuse_projections, hf.cpu_attention, hf.cpu_norm, hf.cpu_rotary) == (
         "onednn", True, "auto", "fused", "fused")
 

@@ -65,6 +65,7 @@ from djl_handlers.engines.hf.kv_budget import bytes_per_token, footprint, kv_lim
 from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.hf.planner import first_ready, starts_chunked, take_group
 from djl_handlers.engines.hf.prefill import forward_capturing, prompt_lps
+from djl_handlers.engines.hf.prefill_budget import default_prefill_tokens
 from djl_handlers.engines.hf.prefix_cache import PrefixCache, prompt_kv
 from djl_handlers.engines.hf.rows import Partial, Row
 from djl_handlers.engines.hf.sampling import RowSampling, sample_batch
@@ -145,6 +146,8 @@ class HFEngine:
         loaded = load_model(LoadOptions.from_config(config))
         engine = cls(loaded.model, loaded.tokenizer, **step_limits(config))
         engine.cpu_patches = loaded.cpu_patches
+        if config.hf.max_prefill_tokens is None:
+            engine.max_prefill_tokens = default_prefill_tokens(engine.device)
         engine.kv_cache_max_bytes = kv_limit(config.hf.kv_cache_memory_bytes, engine.device, engine.kv_bytes_per_token)
         return engine
 
@@ -607,5 +610,6 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 
 def step_limits(config: ServingConfig) -> dict[str, Any]:
     """The engine's constructor limits from ``config``: batch rows, prefill budget, context length."""
-    return {"max_batch_size": config.max_rolling_batch_size, "max_prefill_tokens": config.hf.max_prefill_tokens,
+    return {"max_batch_size": config.max_rolling_batch_size,
+            "max_prefill_tokens": config.hf.max_prefill_tokens or DEFAULT_PREFILL_TOKENS,
             "max_model_len": config.max_model_len}
