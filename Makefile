@@ -10,8 +10,10 @@ serve: setup
 test:
 	HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/vllm_cpu
 	@if [ -x .venv-vllm/bin/python ]; then \
-	  echo "real vLLM on CPU (.venv-vllm):"; \
-	  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm_cpu; \
+	  echo "real vLLM on CPU (.venv-vllm), one process per file:"; \
+	  status=0; for f in tests/vllm_cpu/test_*.py; do \
+	    HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider $$f || status=1; \
+	  done; test $$status -eq 0; \
 	else echo "tests/vllm_cpu skipped: run 'make setup-vllm' to create .venv-vllm"; fi
 
 setup-vllm:
