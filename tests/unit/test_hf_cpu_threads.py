@@ -137,6 +137,16 @@ def test_a_probe_in_a_crowd_is_kept_although_it_waits() -> None:
     assert governor.threads == 2  # held: no halving during the hold-off
 
 
+def test_threads_that_wait_but_get_more_cpu_than_half_of_them_could_are_kept() -> None:
+    clocks = _Clocks()
+    governor = clocks.governor(2, window_s=1.0)
+    # a front end, a client and a neighbour now and then: 2 threads wait, yet get 1.6 cores
+    clocks.steps(governor, waiting=0.9, seconds=60, cores=lambda threads: 0.8 * threads)
+    assert governor.threads == 2 and clocks.set_calls == []
+    clocks.steps(governor, waiting=0.9, seconds=2.0, cores=lambda threads: 1.2)  # now no more than 1 could use
+    assert governor.threads == 1 and clocks.set_calls == [1]
+
+
 def test_never_more_than_it_started_with_and_halving_stops_at_one() -> None:
     clocks = _Clocks()
     governor = clocks.governor(8, window_s=1.0, probe_s=2.0)

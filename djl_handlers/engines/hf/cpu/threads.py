@@ -21,11 +21,15 @@ Waiting alone cannot tell one busy neighbour from a crowd. With one busy process
 threads get about one core (0.97-0.99 measured), as 1 thread does, and stall at every barrier: fewer
 threads win. When many runnable threads share the cores (a load average of 9 on 2 cores, measured
 while serving), the scheduler gives each thread its share, so 1 thread gets half the CPU that 2 get:
-halving then halved the engine's throughput against a neighbour that kept 2. So the CPU seconds the
-process got per second of steps (cores obtained) decide between two counts that both wait: after a
-halving, or in a probe, the larger count is kept when it obtained at least :data:`GAIN` times the
-cores of the smaller one — the extra threads bring CPU, not just barriers — and halving is then held
-off for the probe interval (doubling up to ``max_probe_s`` while the crowd stays).
+halving then halved the engine's throughput against a neighbour that kept 2. And between the two,
+a front end, a client and a neighbour now and then on the same cores make 2 threads wait while they
+still get far more CPU than 1: at a load average of 2-4, a ~1 B model served 38.7 tok/s on 2 fixed
+threads and 24.6 with the halving rule alone. So the CPU seconds the process got per second of
+steps (cores obtained) also count: a window is bad only when its threads waited *and* obtained less
+than :data:`HALVE_BELOW` times the cores half of them could use (2 threads: 1.25 cores; one busy
+neighbour leaves them 0.97-0.99); after a halving, and in a probe, the larger count is kept when it
+obtained at least :data:`GAIN` times the cores of the smaller one, and halving is then held off for
+the probe interval (doubling up to ``max_probe_s`` while the crowd stays).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["WAITING", "ThreadGovernor", "run_queue_seconds"]
+__all__ = ["GAIN", "HALVE_BELOW", "WAITING", "ThreadGovernor", "run_queue_seconds"]
 
 LOG = logging.getLogger(__name__)
 
@@ -49,6 +53,10 @@ BAD_WINDOWS = 2
 #: count is kept although its threads wait (a crowd of runnable threads shares the cores: each thread
 #: gets its share). One busy neighbour on 2 cores: about 1.0 (no gain); a crowd: close to 2.
 GAIN = 1.4
+#: A window counts as bad only when its threads also obtained less than this many times the cores half
+#: of them could use: 2 threads that get 1.25 cores or more bring more than 1 thread can, however long
+#: they wait.
+HALVE_BELOW = 1.25
 
 
 def run_queue_seconds() -> float | None:
@@ -147,7 +155,8 @@ class ThreadGovernor:
                 self._next_probe = now + self._wait
                 self._apply(back, f"the probe waited {waiting:.2f} s/s for a CPU")
             return
-        self._bad = self._bad + 1 if waiting > WAITING else 0
+        starved = cores < HALVE_BELOW * max(1, self.threads // 2)
+        self._bad = self._bad + 1 if waiting > WAITING and starved else 0
         if self.threads > 1 and self._bad >= BAD_WINDOWS and now >= self._hold_until:
             self._bad = 0
             self._wait = self.probe_s
