@@ -121,7 +121,7 @@ def test_client_that_goes_away_is_cancelled(tmp_path: Path) -> None:
     model = tmp_path / "fake_lmi"
     shutil.copytree(ROBUSTNESS_MODELS / "fake_lmi", model, ignore=shutil.ignore_patterns("__pycache__"))
     with open(model / "serving.properties", "a", encoding="utf-8") as handle:
-        handle.write("\noption.async_mode=true\noption.fake_step_delay=0.05\n")
+        handle.write("\noption.rolling_batch=disable\noption.async_mode=true\noption.fake_step_delay=0.05\n")
     server = ServerProcess(model, tmp_path / "server.log")
     try:
         body = {"inputs": "Count forever", "stream": True, "parameters": {"max_new_tokens": 2000}}

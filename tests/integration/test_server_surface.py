@@ -216,7 +216,7 @@ def test_queries_in_async_mode(tmp_path: Path) -> None:
     model.mkdir()
     model.joinpath("model.py").write_text(FAKE.joinpath("model.py").read_text())
     model.joinpath("serving.properties").write_text(
-        FAKE.joinpath("serving.properties").read_text() + "\noption.async_mode=true\n")
+        FAKE.joinpath("serving.properties").read_text() + "\noption.rolling_batch=disable\noption.async_mode=true\n")
     proc = ServerProcess(model, tmp_path / "server.log")
     try:
         assert httpx.post(proc.url + "/tokenize", json={"prompt": "hi"}).json()["tokens"] == [104, 105]
