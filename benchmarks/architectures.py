@@ -17,6 +17,11 @@ front end, worker or engine core) sampled every half second; the machine's steal
         [--variant NAME:key=value;...]   # one more HF server with other serving.properties options
 
 ``llama-1b`` runs in bf16 only unless ``--llama-fp32`` (fp32 takes twice as long on 2 cores).
+``embedded`` is the embedded model (SmolLM2-135M, real weights). ``--one-at-a-time`` starts one server,
+warms it and runs every round on it, then stops it before the next starts (rounds not alternated): for a
+model two servers cannot hold in memory together. Each server's KV bytes per cached token are reported
+too: ours from ``/metrics``, vLLM's from the KV cache size in tokens it logs at start beside the bytes
+it was given.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,6 +59,7 @@ from benchmarks.common import write_report as save_report
 from benchmarks.served_engines import VLLM_VENV, _descendants
 
 MODELS = ("qwen2-bench", "phi-bench", "llama-1b")
+EMBEDDED = "embedded"  # the embedded model (SmolLM2-135M), not a random shape
 LOGS = RESULTS / "architectures-logs"  # each server's log, kept (git-ignored like every result)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SERVERS = ("hf", "vllm")
@@ -247,16 +254,52 @@ def _patch_lines(log: Path) -> dict[str, str]:
     return found
 
 
+def vllm_kv_bytes_per_token(log: Path) -> int | None:
+    """Bytes per cached token of ``vllm serve``: the GiB it set aside for its KV cache over the tokens
+    that cache holds, both from its start-up log (the tokens are whole blocks, so this is at most one
+    block's share above the exact figure); None when either line is missing."""
+    text = log.read_text(errors="replace")
+    space = re.search(r"set \(([\d.]+)/[\d.]+\) GiB for KV cache", text)
+    tokens = re.search(r"KV cache size: ([\d,]+) tokens", text)
+    if not (space and tokens):
+        return None
+    return round(float(space.group(1)) * 2**30 / int(tokens.group(1).replace(",", "")))
+
+
+def hf_kv_bytes_per_token(url: str) -> int | None:
+    """Bytes per cached token of our engine, read from the server's ``/metrics`` (set once a request has
+    been served); None when it is not there."""
+    with contextlib.suppress(OSError):
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("djl_handlers_kv_cache_bytes_per_token"):
+                    return int(float(line.rsplit(" ", 1)[1]))
+    return None
+
+
+def _model_dir(name: str) -> Path:
+    if name == EMBEDDED:
+        from djl_handlers.model.embedded import embedded_model_dir
+
+        return embedded_model_dir()
+    from djl_handlers.model.architectures import build_model_dir
+
+    return build_model_dir(None, name, dtype="bfloat16")
+
+
+def _kv_bytes(server: str, url: str, log: Path) -> int | None:
+    return vllm_kv_bytes_per_token(log) if server == BASELINE else hf_kv_bytes_per_token(url)
+
+
 def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
              variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()) -> dict[str, Any]:
     """Both servers (and any HF ``variants``) on one model and dtype: warm-up, then ``rounds`` rounds,
     the order rotating."""
-    from djl_handlers.model.architectures import build_model_dir
-
-    model_dir = build_model_dir(None, name, dtype="bfloat16")
+    model_dir = _model_dir(name)
     names = [*SERVERS, *(v for v, _ in variants)]
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in names}
     peaks: dict[str, int] = {}
+    kv: dict[str, int | None] = {}
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         servers = {"hf": stack.enter_context(serve_hf(model_dir, dtype, work, root)),
@@ -276,22 +319,60 @@ def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
                     run.update(round=r, server=s, peak_pss_mib=rnd(watches[s].reset() / 2**20, 0))
                     runs[s].append(run)
                     print(name, dtype, json.dumps(run), flush=True)
+            kv = {s: _kv_bytes(s, url, log) for s, (url, _, log) in servers.items()}
         finally:
             for s, w in watches.items():
                 peaks[s] = max(w.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s]))
                 w.stop()
         patches = _patch_lines(hf[2])
     return {"model": name, "dtype": dtype, "start_s": start_s, "runs": runs, **summary(runs),
-            "peak_pss_mib": {s: rnd(p / 2**20, 0) for s, p in peaks.items()}, "cpu_patches": patches}
+            "peak_pss_mib": {s: rnd(p / 2**20, 0) for s, p in peaks.items()}, "kv_bytes_per_token": kv,
+            "cpu_patches": patches}
+
+
+def run_one_at_a_time(name: str, dtype: str, work: Workload, rounds: int, root: Path) -> dict[str, Any]:
+    """Each server alone on one model and dtype: start, warm-up, ``rounds`` rounds, stop; then the next.
+    Round ``r`` of each gets the same seed, so the per-round ratios compare the same prompts."""
+    model_dir = _model_dir(name)
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERVERS}
+    peaks: dict[str, int] = {}
+    kv: dict[str, int | None] = {}
+    start_s: dict[str, float | None] = {}
+    patches: dict[str, str] = {}
+    for s in SERVERS:
+        began = time.perf_counter()
+        serve = serve_vllm if s == BASELINE else serve_hf
+        with serve(model_dir, dtype, work, root) as (url, pid, log):
+            start_s[s] = rnd(time.perf_counter() - began, 1)
+            watch = MemoryWatch(pid)
+            try:
+                run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
+                for r in range(rounds):
+                    run = run_client(url, model_dir, r + 1, work, root / f"{s}-{r}.json")
+                    run.update(round=r, server=s, peak_pss_mib=rnd(watch.reset() / 2**20, 0))
+                    runs[s].append(run)
+                    print(name, dtype, json.dumps(run), flush=True)
+                kv[s] = _kv_bytes(s, url, log)
+            finally:
+                peaks[s] = max(watch.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s]))
+                watch.stop()
+            if s != BASELINE:
+                patches = _patch_lines(log)
+    return {"model": name, "dtype": dtype, "one_at_a_time": True, "start_s": start_s, "runs": runs,
+            **summary(runs), "peak_pss_mib": {s: rnd(p / 2**20, 0) for s, p in peaks.items()},
+            "kv_bytes_per_token": kv, "cpu_patches": patches}
 
 
 def run_benchmark(models: tuple[str, ...], dtypes: tuple[str, ...], work: Workload, rounds: int,
                   llama_fp32: bool = False, variants: tuple[str, ...] = (),
-                  progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[dict[str, Any]], None] | None = None,
+                  one_at_a_time: bool = False) -> dict[str, Any]:
     """Every model in every dtype (``llama-1b`` in fp32 only with ``llama_fp32``)."""
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it")
     extra = tuple(parse_variant(v) for v in variants)
+    if one_at_a_time and extra:
+        raise SystemExit("--one-at-a-time runs no --variant")
     report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "pairs": [],
                               "variants": {name: dict(options) for name, options in extra}, "logs": str(LOGS)}
     LOGS.mkdir(parents=True, exist_ok=True)
@@ -300,7 +381,9 @@ def run_benchmark(models: tuple[str, ...], dtypes: tuple[str, ...], work: Worklo
             for dtype in dtypes:
                 if name == "llama-1b" and dtype == "fp32" and not llama_fp32:
                     continue
-                report["pairs"].append(run_pair(name, dtype, work, rounds, Path(tmp), extra))
+                pair = (run_one_at_a_time(name, dtype, work, rounds, Path(tmp)) if one_at_a_time
+                        else run_pair(name, dtype, work, rounds, Path(tmp), extra))
+                report["pairs"].append(pair)
                 if progress is not None:
                     progress(report)
     return report
@@ -313,6 +396,7 @@ def print_report(report: dict[str, Any]) -> None:
              "TTFT p50 s": f'{p["medians"]["hf"]["ttft_p50_s"]} / {p["medians"]["vllm"]["ttft_p50_s"]}',
              "TTFT p99 s": f'{p["medians"]["hf"]["ttft_p99_s"]} / {p["medians"]["vllm"]["ttft_p99_s"]}',
              "peak MiB": f'{p["peak_pss_mib"]["hf"]} / {p["peak_pss_mib"]["vllm"]}',
+             "KV B/token": " / ".join(str(p.get("kv_bytes_per_token", {}).get(s)) for s in SERVERS),
              **{f"{v} / vLLM": p.get(f"{v}_tok_s_ratio_median") for v in report.get("variants", {})}}
             for p in report["pairs"]]
     print_table(rows, list(rows[0]) if rows else [], "HF engine (djl-handlers serve) vs vllm serve")
@@ -320,7 +404,7 @@ def print_report(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.architectures", description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}, {EMBEDDED}")
     parser.add_argument("--dtype", default="fp32,bf16")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=16)
@@ -330,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-fp32", action="store_true", help="also run llama-1b in fp32")
     parser.add_argument("--variant", action="append", metavar="NAME:key=value;...",
                         help="one more HF server with these serving.properties options")
+    parser.add_argument("--one-at-a-time", action="store_true",
+                        help="one server up at a time (every round on it, then the next): less memory")
+    parser.add_argument("--out", default="architectures", help="the report's name under benchmarks/results")
     parser.add_argument("--quick", action="store_true", help="qwen2-bench in bf16, 8 prompts of 32+16 tokens, 1 round")
     args = parser.parse_args(argv)
     work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
@@ -338,11 +425,12 @@ def main(argv: list[str] | None = None) -> int:
         work, models, dtypes, rounds = Workload(8, 8, 32, 16), ("qwen2-bench",), ("bf16",), 1
     started = context()
     def progress(partial: dict[str, Any]) -> None:  # a report after every pair: a late failure loses nothing
-        result_path("architectures-partial", args.quick).write_text(json.dumps(partial, indent=1) + "\n")
+        result_path(f"{args.out}-partial", args.quick).write_text(json.dumps(partial, indent=1) + "\n")
 
-    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32, tuple(args.variant or ()), progress)
+    report = run_benchmark(models, dtypes, work, rounds, args.llama_fp32, tuple(args.variant or ()), progress,
+                           args.one_at_a_time)
     print_report(report)
-    save_report("architectures", report, args.quick, started)
+    save_report(args.out, report, args.quick, started)
     return 0
 
 

@@ -75,3 +75,44 @@ def test_a_round_with_failed_requests_has_no_ratio_and_is_counted() -> None:
     assert got["tok_s_ratio_per_round"] == [1.25, None] and got["tok_s_ratio_median"] == 1.25
     assert got["failed_requests"] == {"hf": 0, "vllm": 16}
     assert got["medians"]["vllm"]["tok_s"] == 80  # the failed run is not a speed
+
+
+def test_kv_bytes_per_token_of_vllm_is_read_from_its_start_up_log(tmp_path: Path) -> None:
+    from benchmarks.architectures import vllm_kv_bytes_per_token
+
+    log = tmp_path / "vllm.log"
+    log.write_text("(Worker pid=1) INFO [cpu_worker.py:260] Explicitly set (2.0/23.54) GiB for KV cache on node 0.\n"
+                   "(EngineCore pid=2) INFO [kv_cache_utils.py:2327] CPU KV cache size: 65,536 tokens, Maximum "
+                   "concurrency for 2,048 tokens per request: 32.00x\n")
+    assert vllm_kv_bytes_per_token(log) == 2 * 2**30 // 65536
+    log.write_text("CPU KV cache size: 65,536 tokens\n")  # the bytes line missing: no figure
+    assert vllm_kv_bytes_per_token(log) is None
+
+
+def test_kv_bytes_per_token_of_ours_is_read_from_metrics() -> None:
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from benchmarks.architectures import hf_kv_bytes_per_token
+
+    body = (b'# TYPE djl_handlers_kv_cache_bytes_per_token gauge\n'
+            b'djl_handlers_kv_cache_bytes_per_token{model="m"} 46080.0\n')
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert hf_kv_bytes_per_token(f"http://127.0.0.1:{server.server_port}") == 46080
+        body = b"djl_handlers_worker_up 1.0\n"
+        assert hf_kv_bytes_per_token(f"http://127.0.0.1:{server.server_port}") is None
+    finally:
+        server.shutdown()
+        server.server_close()
