@@ -64,6 +64,10 @@ LOGS = RESULTS / "architectures-logs"  # each server's log, kept (git-ignored li
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 SERVERS = ("hf", "vllm")
 BASELINE = "vllm"
+# Seconds the front end waits for a step's reply before it restarts the worker (DJL's default: 120). One
+# 2,048-token prefill step of the ~1 B model in fp32 took longer on 2 shared cores at a load average of
+# 6; vLLM has no such limit, so ours is raised rather than the run lost.
+PREDICT_TIMEOUT_S = 900
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path, name: str 
         "engine=Python", "option.entryPoint=djl_handlers.huggingface", f"option.model_id={model_dir}",
         f"option.dtype={dtype}", "option.rolling_batch=scheduler",
         f"option.max_rolling_batch_size={work.concurrency}", "option.max_model_len=2048",
-        *(f"option.{key}={value}" for key, value in options)]) + "\n")
+        f"option.predict_timeout={PREDICT_TIMEOUT_S}", *(f"option.{key}={value}" for key, value in options)]) + "\n")
     port = _free_port()
     log = LOGS / f"{folder.name}.log"
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
