@@ -56,13 +56,18 @@ def decode_body(item: Any) -> Any:
     """Decode the request body by its Content-Type into a JSON-like value."""
     raw = _body_bytes(item)
     ctype = (item.get_property("Content-Type") or "").split(";")[0].strip().lower()
+    is_json = ctype in ("", "application/json", "application/jsonlines") or ctype.endswith("+json")
+    if not is_json and not ctype.startswith("text/"):  # first: DJL's front end consumes form bodies
+        raise UnsupportedMediaType(
+            f"Content-Type '{ctype}' is not supported; use application/json or text/plain", field="Content-Type"
+        )
     if not raw:
         raise InvalidRequest("request body is empty; send a JSON object with 'inputs'", field="body")
     try:
         text = bytes(raw).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidRequest(f"request body is not valid UTF-8 (byte {exc.start})", field="body") from None
-    if ctype in ("", "application/json", "application/jsonlines") or ctype.endswith("+json"):
+    if is_json:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
@@ -74,11 +79,7 @@ def decode_body(item: Any) -> Any:
             raise InvalidRequest("request body JSON is nested too deeply", field="body") from None
         except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
             raise InvalidRequest(f"request body is not valid JSON: {exc}", field="body") from None
-    if ctype.startswith("text/"):
-        return {"inputs": text}
-    raise UnsupportedMediaType(
-        f"Content-Type '{ctype}' is not supported; use application/json or text/plain", field="Content-Type"
-    )
+    return {"inputs": text}  # text/*: the body is the prompt
 
 
 def _body_bytes(item: Any) -> bytes:

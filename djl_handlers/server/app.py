@@ -7,7 +7,8 @@ Routes: ``POST /invocations``, ``POST /predictions/{model}[/{version}]``, ``GET 
 ``RequestParser``: every header becomes an ``Input`` property (names arrive lower-cased through
 ASGI; ``get_property`` is case-insensitive), ``X-Amzn-SageMaker-Custom-Attributes: k=v;k2=v2`` adds
 ``k``/``k2``; the body becomes content ``data``; query parameters become content entries. A request
-cannot choose the handler (a ``handler`` header is a 400). Bodies over 20 MiB (env
+cannot choose the handler (a ``handler`` header, or a ``handler=`` custom attribute, is a 400). The
+model has no version: ``/predictions/{model}/{version}`` is a 404. Bodies over 20 MiB (env
 ``MAX_NETTY_BUFFER_SIZE``) are a 413.
 """
 
@@ -66,7 +67,9 @@ def _properties(request: Request) -> dict[str, str]:
         if name.lower() == _CUSTOM_ATTRIBUTES:
             for item in value.split(";"):
                 key, sep, val = item.partition("=")
-                if sep and key.strip() and key.strip().lower() != "handler":
+                if sep and key.strip().lower() == "handler":  # as DJL's RequestParser: refused, not dropped
+                    raise RequestRejected(400, "BadRequestException", "a request may not set the 'handler' property")
+                if sep and key.strip():
                     properties[key.strip()] = val.strip()
     return properties
 
@@ -133,6 +136,8 @@ class _Endpoints:
         wanted = request.path_params.get("model") or request.query_params.get("model_name") \
             or request.headers.get("model_name")
         if wanted and wanted != self.name:
+            return _error(404, "ModelNotFoundException", f"Model or workflow not found: {wanted}")
+        if "version" in request.path_params:  # the model has no version: DJL finds none either
             return _error(404, "ModelNotFoundException", f"Model or workflow not found: {wanted}")
         try:
             item = await to_worker_request(request, api)

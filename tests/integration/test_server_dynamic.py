@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from test_server_harness import ServerProcess, module_server
 
 dynamic = module_server("fake_dynamic")
@@ -65,11 +66,16 @@ def test_predictions_route_and_unknown_model(dynamic: ServerProcess) -> None:
         missing = client.post("/predictions/other", content=b"x")
         assert missing.status_code == 404
         assert missing.json()["type"] == "ModelNotFoundException"
+        versioned = client.post("/predictions/fake_dynamic/1", content=b"x")  # no version, as on DJL
+        assert versioned.status_code == 404
+        assert versioned.json()["type"] == "ModelNotFoundException"
 
 
-def test_handler_header_is_rejected(dynamic: ServerProcess) -> None:
+@pytest.mark.parametrize("headers", [{"handler": "evil"}, {"X-Amzn-SageMaker-Custom-Attributes": "a=1; Handler=evil"}],
+                         ids=["header", "custom-attribute"])
+def test_handler_header_is_rejected(dynamic: ServerProcess, headers: dict[str, str]) -> None:
     with dynamic.client() as client:
-        response = client.post("/invocations", content=b"{}", headers={"handler": "evil"})
+        response = client.post("/invocations", content=b"{}", headers=headers)
     assert response.status_code == 400
     assert response.json()["code"] == 400
     assert "handler" in response.json()["message"]

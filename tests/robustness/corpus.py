@@ -419,7 +419,7 @@ def header_cases() -> Iterator[Case]:
         "reset": (("reset_rollingbatch", "true"),),
         "cancel-property": (("djl_handlers_cancel", "true"),),
     }.items():
-        http_status = 400 if label in ("handler", "handler-upper") else None
+        http_status = 400 if label in ("handler", "handler-upper", "custom-attributes-handler") else None
         yield Case(f"header-{label}", good, status=200, headers=headers, expect_text=REPLY[:N],
                    http_status=http_status)
     yield Case("header-api-chat-with-inputs", good, api="chat", mentions=("inputs",))
