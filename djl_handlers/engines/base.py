@@ -23,7 +23,8 @@ class EngineRequest:
     """A request as an engine sees it: token ids of the (already truncated) prompt; ``adapter``: the
     registered LoRA adapter to apply (None: the base model). ``sample_ids``: the ids of the request's
     further samples (``n``/``best_of`` > 1; ``request_id`` is sample 0): the engine prefills the
-    prompt once and decodes one sequence per id, seeded per sample (``params.samples.sample_seed``);
+    prompt once and decodes one sequence per id, seeded per sample (``params.samples.sample_seed``, or
+    the engine's own rule, its ``sample_seed`` attribute, which the scheduler then reports);
     outputs and ``release`` name each sample by its own id. Only engines whose parameter support
     table accepts ``n``/``best_of`` get any."""
 

@@ -54,8 +54,8 @@ _TABLE: Mapping[str, str] = {
     "bad_sequences": "UUNNN",
     "decoder_input_details": "NNUUU",  # the vLLM adapter does not report prompt/top log-probs yet
     "top_n_tokens": "NNUUU",
-    "best_of": "NNUUU",  # several samples of a prompt: see params/samples.py
-    "n": "NNUUU",
+    "best_of": "NNUEE",  # several samples of a prompt: see params/samples.py; vLLM V1 has no best_of:
+    "n": "NNUNN",  # it decodes best_of samples (its n) and the scheduler keeps the best
     "min_new_tokens": "NNNNN",
 }
 _STATUS = {"N": NATIVE, "E": EMULATED, "U": UNSUPPORTED}

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from djl_handlers.engines.base import Engine, EngineRequest
 from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_of
 from djl_handlers.formatting.base import Formatter
-from djl_handlers.params.samples import sample_count
+from djl_handlers.params.samples import sample_count, sample_seed
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.samples import SampleGroup, check_sample_format
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
@@ -75,7 +75,7 @@ class RollingBatch:
             ids = [slot_id, *(self._new_id() for _ in range(sample_count(request.params) - 1))]
             group = SampleGroup(request, formatter, ids, prompt_ids, tokenizer=self.engine.tokenizer,
                                 eos_token_ids=self.engine.eos_token_ids, max_model_len=self.engine.max_model_len,
-                                release=self._release_id)
+                                release=self._release_id, seed_of=getattr(self.engine, "sample_seed", sample_seed))
             return group, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter, tuple(ids[1:]))
         slot = RequestSlot(
             request,

@@ -61,7 +61,9 @@ def check_sample_format(request: Request, formatter: Formatter) -> None:
 class SampleGroup(RequestSlot):
     """One slot of the rolling batch whose request decodes several samples (module docstring).
 
-    ``release(request_id)`` lets one finished sample go from the engine (given by the batch)."""
+    ``release(request_id)`` lets one finished sample go from the engine (given by the batch);
+    ``seed_of(seed, index)`` is the seed the engine draws sample ``index`` with (reported per sample;
+    default ``params.samples.sample_seed``, an engine may have its own rule: ``Engine.sample_seed``)."""
 
     def __init__(
         self,
@@ -74,10 +76,11 @@ class SampleGroup(RequestSlot):
         eos_token_ids: frozenset[int],
         max_model_len: int,
         release: Callable[[int], Any],
+        seed_of: Callable[[Optional[int], int], Optional[int]] = sample_seed,
     ) -> None:
         super().__init__(request, formatter, sample_ids[0], prompt_ids)
         self.samples = [
-            RequestSlot(replace(request, seed=sample_seed(request.seed, i)), formatter, request_id, prompt_ids,
+            RequestSlot(replace(request, seed=seed_of(request.seed, i)), formatter, request_id, prompt_ids,
                         tokenizer=tokenizer, eos_token_ids=eos_token_ids, max_model_len=max_model_len)
             for i, request_id in enumerate(sample_ids)
         ]

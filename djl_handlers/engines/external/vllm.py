@@ -13,6 +13,9 @@ vLLM's outputs become step outputs).
   step (waiting for a slot, chunked prefill) gets no ``StepOutput``.
 - ``release(id)`` calls ``abort_request([id])`` when vLLM has not finished the request (vLLM
   sends nothing for requests aborted by the caller).
+- Several samples (``n``/``best_of`` > 1) are one vLLM request with ``SamplingParams.n``; each
+  sample's outputs come under its own id (``vllm_samples``), and the request is aborted only once
+  every sample is released.
 
 ``option.rolling_batch=lmi-dist`` is served by this adapter too (``LmiDistEngine``): LMI-Dist is
 not on PyPI, its documented parameter set is vLLM's, and the adapter logs which engine serves it.
@@ -35,9 +38,10 @@ from djl_handlers.engines.external.vllm_config import (
     lora_kwargs,
     require_loras,
 )
-from djl_handlers.engines.external.vllm_outputs import OutputTrack, map_finish_reason, step_outputs
+from djl_handlers.engines.external.vllm_outputs import map_finish_reason
 from djl_handlers.engines.external.vllm_parallel import ranks_started
 from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
+from djl_handlers.engines.external.vllm_samples import RequestTracks, request_outputs, vllm_sample_seed
 from djl_handlers.errors import ConfigError
 
 __all__ = ["LMI_DIST_NOTICE", "LmiDistEngine", "VllmEngine", "engine_args_kwargs", "lora_kwargs",
@@ -52,6 +56,7 @@ class VllmEngine:
     """The Engine protocol over ``vllm.LLMEngine`` (see the module docstring)."""
 
     name = "vllm"
+    sample_seed = staticmethod(vllm_sample_seed)  # the seed of each sample (n > 1), as vLLM derives it
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
@@ -59,7 +64,8 @@ class VllmEngine:
         model_config = getattr(engine, "model_config", None) or engine.get_model_config()
         self.max_model_len = int(model_config.max_model_len)
         self.eos_token_ids = eos_ids(self.tokenizer)
-        self._tracks: dict[int, OutputTrack] = {}
+        self._tracks: dict[int, RequestTracks] = {}  # by vLLM request id (sample 0)
+        self._owners: dict[int, int] = {}  # sample id -> vLLM request id
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
 
     @classmethod
@@ -100,27 +106,34 @@ class VllmEngine:
             if error is None:
                 raise
             raise error from exc
-        self._tracks[request.request_id] = OutputTrack.for_request(request.prompt_ids, request.params)
+        tracks = RequestTracks.for_request(request)
+        self._tracks[request.request_id] = tracks
+        self._owners.update((sample_id, request.request_id) for sample_id in tracks.ids)
 
     def step(self) -> list[StepOutput]:
-        """Run one vLLM step; one ``StepOutput`` per new token of every request that advanced."""
+        """Run one vLLM step; one ``StepOutput`` per new token of every request (sample) that advanced."""
         results: list[StepOutput] = []
         for output in self.engine.step():
             rid = _int_id(output.request_id)
-            track = self._tracks.get(rid) if rid is not None else None
-            if rid is None or track is None or track.finished or not output.outputs:
+            tracks = self._tracks.get(rid) if rid is not None else None
+            if tracks is None or not output.outputs:
                 continue
-            results.extend(step_outputs(rid, track, output, self.tokenizer))
+            results.extend(request_outputs(tracks, output, self.tokenizer))
         return results
 
     def release(self, request_id: int) -> None:
-        """Forget the request; abort it in vLLM if vLLM has not finished it."""
-        track = self._tracks.pop(request_id, None)
-        if track is not None and not track.finished:
-            self.engine.abort_request([str(request_id)])
+        """Forget the request (or one sample of it); once every sample is let go, abort the
+        request in vLLM if vLLM has not finished it."""
+        owner = self._owners.pop(request_id, None)
+        tracks = self._tracks.get(owner) if owner is not None else None
+        if owner is None or tracks is None or not tracks.release(request_id):
+            return
+        del self._tracks[owner]
+        if not tracks.finished:
+            self.engine.abort_request([str(owner)])
 
     def has_unfinished(self) -> bool:
-        return any(not t.finished for t in self._tracks.values())
+        return any(t.live for t in self._tracks.values())
 
     def kv_cache_usage(self) -> Optional[dict[str, float]]:
         """vLLM's own KV-cache figure (``vllm:kv_cache_usage_perc``, 0..1) from

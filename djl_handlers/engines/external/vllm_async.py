@@ -18,6 +18,9 @@ Per request (:class:`~djl_handlers.engines.base.AsyncEngine`):
 - ``abort_async`` is ``engine.abort(str(request_id))``: async mode calls it when it stops reading
   a request (a stop rule of ours, a cancel, a client that went away); closing the stream does the
   same inside vLLM.
+- Several samples (``n``/``best_of`` > 1) are one ``generate`` with ``SamplingParams.n``; each
+  sample's outputs come under its own id (``vllm_samples``); ``release(id)`` lets one sample go
+  (it finished by a rule of ours), and the stream ends when no sample is left to read.
 
 LoRA: DJL's adapter API registers adapters synchronously, but ``AsyncLLM.add_lora``/``pin_lora``/
 ``remove_lora`` are coroutines: registration checks the folder and the rank (``max_lora_rank``)
@@ -44,9 +47,9 @@ from djl_handlers.engines.external.vllm_config import (
     is_lmi_dist,
     require_loras,
 )
-from djl_handlers.engines.external.vllm_outputs import OutputTrack, step_outputs
 from djl_handlers.engines.external.vllm_parallel import ranks_started
 from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
+from djl_handlers.engines.external.vllm_samples import RequestTracks, request_outputs, vllm_sample_seed
 from djl_handlers.errors import ConfigError
 
 __all__ = ["VllmAsyncEngine", "async_llm_class"]
@@ -68,6 +71,7 @@ class VllmAsyncEngine:
     (see the module docstring)."""
 
     name = "vllm"
+    sample_seed = staticmethod(vllm_sample_seed)  # the seed of each sample (n > 1), as vLLM derives it
 
     def __init__(self, engine: Any, vllm: Any) -> None:
         self.engine = engine
@@ -77,6 +81,7 @@ class VllmAsyncEngine:
         self.eos_token_ids = eos_ids(self.tokenizer)
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
         self._unfinished: set[int] = set()  # requests vLLM has not finished (abort_async skips the others)
+        self._samples: dict[int, RequestTracks] = {}  # sample id -> its running request's tracks
 
     @classmethod
     def from_config(cls, config: Any, engine_name: str = "vllm") -> VllmAsyncEngine:
@@ -105,19 +110,20 @@ class VllmAsyncEngine:
         sampling, delta = sampling_params(self._vllm, request.params, delta=True)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         rid = request.request_id
-        track = OutputTrack.for_request(request.prompt_ids, request.params)
+        tracks = RequestTracks.for_request(request)
         stream = self.engine.generate(prompt_of(request), sampling, str(rid), **lora)
         started = False
         self._unfinished.add(rid)
+        self._samples.update((sample_id, tracks) for sample_id in tracks.ids)
         try:
             async for output in stream:
                 started = True
-                outs = step_outputs(rid, track, output, self.tokenizer, delta) if output.outputs else []
-                if track.finished:
+                outs = request_outputs(tracks, output, self.tokenizer, delta) if output.outputs else []
+                if tracks.finished:
                     self._unfinished.discard(rid)
                 if outs:
                     yield outs
-                if track.finished:
+                if not tracks.live:
                     return
         except Exception as exc:
             error = None if started else rejection(exc, request.params)
@@ -126,7 +132,16 @@ class VllmAsyncEngine:
             raise error from exc
         finally:
             self._unfinished.discard(rid)
+            for sample_id in tracks.ids:
+                self._samples.pop(sample_id, None)
             await stream.aclose()
+
+    def release(self, request_id: int) -> None:
+        """One sample of a request with several finished by a rule of ours: its further outputs are
+        dropped (the request's stream ends, aborting it in vLLM, once no sample is left to read)."""
+        tracks = self._samples.get(request_id)
+        if tracks is not None:
+            tracks.release(request_id)
 
     async def abort_async(self, request_id: int) -> None:
         """End the request in vLLM (``AsyncLLM.abort``); an unknown or finished id does nothing."""

@@ -1,5 +1,6 @@
 """vLLM's ``RequestOutput`` → ``StepOutput`` records, for the synchronous (``LLMEngine``) and the
-asynchronous (``AsyncLLM``) adapter alike.
+asynchronous (``AsyncLLM``) adapter alike; a request's samples (``n`` > 1: one ``CompletionOutput``
+each) are tracked apart by ``vllm_samples``.
 
 vLLM batches, samples, detokenizes and stops on its own, so every ``StepOutput`` carries the text
 delta and, on the last one, the LMI finish reason:
@@ -110,11 +111,10 @@ class OutputTrack:
         self._ends.append((self._ends[-1] if self._ends else 0) + len(piece))
 
 
-def step_outputs(rid: int, track: OutputTrack, output: Any, tokenizer: Optional[Tokenizer],
-                 delta: bool = False) -> list[StepOutput]:
-    """The new ``StepOutput`` records in ``output`` (a vLLM ``RequestOutput``; ``delta``: its
-    kind is DELTA) for request ``rid``; updates ``track``."""
-    comp = output.outputs[0]
+def completion_outputs(rid: int, track: OutputTrack, comp: Any, finished: bool, tokenizer: Optional[Tokenizer],
+                       delta: bool = False) -> list[StepOutput]:
+    """The new ``StepOutput`` records in ``comp`` (a vLLM ``CompletionOutput`` of a ``RequestOutput``
+    whose ``finished`` is given; ``delta``: its kind is DELTA) for request ``rid``; updates ``track``."""
     if delta:
         new_ids, text_delta, start = list(comp.token_ids), comp.text or "", 0
     else:
@@ -123,7 +123,7 @@ def step_outputs(rid: int, track: OutputTrack, output: Any, tokenizer: Optional[
         text_delta = text[track.text_len :] if len(text) > track.text_len else ""
     log_probs = _log_probs(comp, track, new_ids, start)
     reason = map_finish_reason(comp.finish_reason, comp.stop_reason)
-    if reason is None and output.finished:
+    if reason is None and finished:
         reason = "eos_token"
     if reason is not None:
         track.finished = True
