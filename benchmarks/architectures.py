@@ -21,7 +21,8 @@ front end, worker or engine core) sampled every half second; the machine's steal
 warms it and runs every round on it, then stops it before the next starts (rounds not alternated): for a
 model two servers cannot hold in memory together. Each server's KV bytes per cached token are reported
 too: ours from ``/metrics``, vLLM's from the KV cache size in tokens it logs at start beside the bytes
-it was given.
+it was given. ``--rounds 0`` runs the warm-up alone (its figures under ``warmup``): for the peak memory
+at a concurrency without timing rounds.
 """
 
 from __future__ import annotations
@@ -304,6 +305,7 @@ def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in names}
     peaks: dict[str, int] = {}
     kv: dict[str, int | None] = {}
+    warm: dict[str, dict[str, Any]] = {}  # the warm-up run of each server (the only one with --rounds 0)
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         servers = {"hf": stack.enter_context(serve_hf(model_dir, dtype, work, root)),
@@ -315,7 +317,7 @@ def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
         start_s = rnd(time.perf_counter() - started, 1)
         try:
             for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
-                run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
+                warm[s] = run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
             for r in range(rounds):
                 order = names[r % len(names):] + names[:r % len(names)]
                 for s in order:
@@ -326,12 +328,12 @@ def run_pair(name: str, dtype: str, work: Workload, rounds: int, root: Path,
             kv = {s: _kv_bytes(s, url, log) for s, (url, _, log) in servers.items()}
         finally:
             for s, w in watches.items():
-                peaks[s] = max(w.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s]))
+                peaks[s] = max([w.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s])])
                 w.stop()
         patches = _patch_lines(hf[2])
     return {"model": name, "dtype": dtype, "start_s": start_s, "runs": runs, **summary(runs),
             "peak_pss_mib": {s: rnd(p / 2**20, 0) for s, p in peaks.items()}, "kv_bytes_per_token": kv,
-            "cpu_patches": patches}
+            "warmup": warm, "cpu_patches": patches}
 
 
 def run_one_at_a_time(name: str, dtype: str, work: Workload, rounds: int, root: Path) -> dict[str, Any]:
@@ -341,6 +343,7 @@ def run_one_at_a_time(name: str, dtype: str, work: Workload, rounds: int, root: 
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERVERS}
     peaks: dict[str, int] = {}
     kv: dict[str, int | None] = {}
+    warm: dict[str, dict[str, Any]] = {}  # the warm-up run of each server (the only one with --rounds 0)
     start_s: dict[str, float | None] = {}
     patches: dict[str, str] = {}
     for s in SERVERS:
@@ -350,7 +353,7 @@ def run_one_at_a_time(name: str, dtype: str, work: Workload, rounds: int, root: 
             start_s[s] = rnd(time.perf_counter() - began, 1)
             watch = MemoryWatch(pid)
             try:
-                run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
+                warm[s] = run_client(url, model_dir, 1000, work, root / f"{s}-warm.json")
                 for r in range(rounds):
                     run = run_client(url, model_dir, r + 1, work, root / f"{s}-{r}.json")
                     run.update(round=r, server=s, peak_pss_mib=rnd(watch.reset() / 2**20, 0))
@@ -358,13 +361,13 @@ def run_one_at_a_time(name: str, dtype: str, work: Workload, rounds: int, root: 
                     print(name, dtype, json.dumps(run), flush=True)
                 kv[s] = _kv_bytes(s, url, log)
             finally:
-                peaks[s] = max(watch.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s]))
+                peaks[s] = max([watch.reset(), *(int((r["peak_pss_mib"] or 0) * 2**20) for r in runs[s])])
                 watch.stop()
             if s != BASELINE:
                 patches = _patch_lines(log)
     return {"model": name, "dtype": dtype, "one_at_a_time": True, "start_s": start_s, "runs": runs,
             **summary(runs), "peak_pss_mib": {s: rnd(p / 2**20, 0) for s, p in peaks.items()},
-            "kv_bytes_per_token": kv, "cpu_patches": patches}
+            "kv_bytes_per_token": kv, "warmup": warm, "cpu_patches": patches}
 
 
 def run_benchmark(models: tuple[str, ...], dtypes: tuple[str, ...], work: Workload, rounds: int,

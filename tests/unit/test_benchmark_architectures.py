@@ -116,3 +116,9 @@ def test_kv_bytes_per_token_of_ours_is_read_from_metrics() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_no_rounds_gives_no_ratios_and_no_medians() -> None:  # --rounds 0: the warm-up alone, for memory
+    got = summary({"hf": [], "vllm": []})
+    assert got["tok_s_ratio_per_round"] == [] and got["tok_s_ratio_median"] is None
+    assert got["medians"]["hf"]["tok_s"] is None and got["failed_requests"] == {"hf": 0, "vllm": 0}
