@@ -213,7 +213,8 @@ def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) 
             "failed": result.get("failed", 0), "output_tokens": result["total_output_tokens"],
             "ttft_p50_s": rnd(result["median_ttft_ms"] / 1000), "ttft_p99_s": rnd(result["p99_ttft_ms"] / 1000),
             "itl_p50_ms": rnd(result["median_itl_ms"], 1), "itl_p99_ms": rnd(result["p99_itl_ms"], 1),
-            "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu())}
+            "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu()),
+            "load_avg_1m": rnd(os.getloadavg()[0], 2)}
 
 
 def _ratios(runs: dict[str, list[dict[str, Any]]], key: str, name: str = "hf") -> list[float | None]:
