@@ -30,6 +30,7 @@ CPU_LINEAR: tuple[str, ...] = ("onednn", "torch")
 CPU_ATTENTION: tuple[str, ...] = ("auto", "ragged", "sdpa")
 CPU_FUSED: tuple[str, ...] = ("fused", "torch")  # option.cpu_norm and option.cpu_rotary
 CPU_THREADS: tuple[str, ...] = ("adaptive", "fixed")
+DECODE_GRAPHS: tuple[str, ...] = ("auto", "cuda_graphs", "compile", "static", "off")
 # Size suffixes of ``option.kv_cache_memory_bytes``, as vLLM's ``--kv-cache-memory-bytes`` reads them:
 # lower case decimal (1k = 1000), upper case binary (1K = 1024).
 _SIZE_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -63,6 +64,12 @@ class HuggingFaceOptions:
     cpu_attention: str = "auto"  # ragged decode attention when its kernel builds; "ragged": or fail; "sdpa"
     cpu_norm: str = "fused"  # one-pass RMSNorm kernel (bitwise torch's); "torch"
     cpu_rotary: str = "fused"  # rotary embedding in one C call (bitwise torch's); "torch"
+    # the decode step on static shapes (engines/hf/decode_graphs.py): "auto" (CUDA graphs on a CUDA device,
+    # else off), "cuda_graphs", "compile", "static" (the bucketed step run eagerly) or "off"; enforce_eager
+    # (vLLM's name) turns it off; cudagraph_capture_sizes: the row buckets (None: 1, 2, 4, multiples of 8)
+    decode_graphs: str = "auto"
+    enforce_eager: bool = False
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
 
 
 def _check_step(r: Reader) -> None:
@@ -99,6 +106,18 @@ def _kv_bytes(r: Reader) -> int | None:
     return value
 
 
+def _capture_sizes(r: Reader) -> tuple[int, ...] | None:
+    """``option.cudagraph_capture_sizes``: row counts, comma-separated (``1,2,4,8``; brackets allowed,
+    as vLLM's list is written), each at least 1; None when unset."""
+    found = r.get("cudagraph_capture_sizes")
+    if found is None:
+        return None
+    items = [item.strip() for item in found[1].strip().strip("[]").split(",") if item.strip()]
+    if not items or not all(item.isdigit() and int(item) >= 1 for item in items):
+        raise r.fail(*found, "row counts separated by commas, each at least 1, such as 1,2,4,8,16")
+    return tuple(sorted({int(item) for item in items}))
+
+
 def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
     """The HF engine's options from ``r``; the loading keys only with ``loading`` (else their defaults)."""
     _check_step(r)
@@ -116,6 +135,9 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
         cpu_attention=r.choice("cpu_attention", defaults.cpu_attention, CPU_ATTENTION),
         cpu_norm=r.choice("cpu_norm", defaults.cpu_norm, CPU_FUSED),
         cpu_rotary=r.choice("cpu_rotary", defaults.cpu_rotary, CPU_FUSED),
+        decode_graphs=r.choice("decode_graphs", defaults.decode_graphs, DECODE_GRAPHS),
+        enforce_eager=r.boolean("enforce_eager", defaults.enforce_eager),
+        cudagraph_capture_sizes=_capture_sizes(r),
     )
     if not loading:
         return step

@@ -60,6 +60,7 @@ from djl_handlers.engines.hf.batch import (
     uses_plain_layers,
 )
 from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
+from djl_handlers.engines.hf.decode_graphs import DecodeGraphs, capture_sizes, resolve_mode
 from djl_handlers.engines.hf.forks import check_sample_rows, fan_out, fork_rows
 from djl_handlers.engines.hf.kv_budget import bytes_per_token, footprint, kv_limit
 from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
@@ -123,6 +124,7 @@ class HFEngine:
         self.cpu_patches: dict[str, str] = {}  # what each CPU kernel patch did to the model (engines/hf/cpu/patches.py)
         self.kv_bytes_per_token = bytes_per_token(model)
         self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
+        self.decode_graphs: DecodeGraphs | None = None  # option.decode_graphs (engines/hf/decode_graphs.py)
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
@@ -136,6 +138,9 @@ class HFEngine:
             engine.prefix_cache = PrefixCache(config.hf.prefix_cache_memory_bytes)
         if config.hf.cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
             engine.threads = ThreadGovernor(torch.get_num_threads())
+        mode = resolve_mode(config.hf.decode_graphs, engine.device, config.hf.enforce_eager)
+        if mode != "off":
+            engine.use_decode_graphs(mode, config.hf.cudagraph_capture_sizes)
         return engine
 
     @classmethod
@@ -238,6 +243,15 @@ class HFEngine:
                 row.done = True
         if all(row.done for row in batch.rows):
             self._batch = None  # free the whole cache now
+
+    def use_decode_graphs(self, mode: str, sizes: Sequence[int] | None = None) -> None:
+        """Run decode steps on static shapes (``static``, ``cuda_graphs`` or ``compile``; see
+        :mod:`.decode_graphs`), rows bucketed to ``sizes`` (None: vLLM's default sizes). Not with
+        LoRA: per-row adapters are applied by hooks a captured graph would freeze."""
+        if self.lora is not None:
+            LOG.info("decode graphs: off with LoRA adapters (option.enable_lora)")
+            return
+        self.decode_graphs = DecodeGraphs(self.model, self._forward, mode, capture_sizes(self.max_batch_size, sizes))
 
     def load_adapter(self, spec: Any) -> None:
         """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora`."""
@@ -355,7 +369,10 @@ class HFEngine:
             return []
         batch.grow_mask()
         use_rows(self.lora, batch.rows)
-        logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
+        graphs = self.decode_graphs
+        logits = graphs.decode(batch) if graphs is not None else None  # None: this step runs dynamic shapes
+        if logits is None:
+            logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
         batch.pos = batch.pos + 1
         return self._emit(logits, batch.rows, batch)
 
