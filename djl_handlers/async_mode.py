@@ -13,9 +13,9 @@ run under an :class:`~djl_handlers.scheduling.async_driver.AsyncDriver` (their o
 engines with a native asynchronous API (:class:`~djl_handlers.engines.base.AsyncEngine`: vLLM's
 ``AsyncLLM``, TensorRT-LLM's ``generate_async``) are awaited directly on the event loop.
 
-Cancellation: a frame whose property ``djl_handlers_cancel`` names another request's
-``request_tracking_id`` finishes that request in the engine (our front end sends it when a client
-goes away or a request times out); closing a request's reply generator does the same.
+Cancellation: a frame tagged ``cancel-...`` whose property ``djl_handlers_cancel`` names another
+request's ``request_tracking_id`` finishes that request in the engine (our front end sends it when a
+client goes away or a request times out); closing a request's reply generator does the same.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from djl_handlers.errors import DjlHandlersError, message_of, status_of
 from djl_handlers.extensions import (
     API_PROPERTY,
     CANCEL_PROPERTY,
+    CANCEL_TRACKING_PREFIX,
     ENGINE_STATS_EVERY_STEPS,
     ENGINE_STATS_PROPERTY,
     REQUEST_ID_PROPERTY,
@@ -81,11 +82,11 @@ class AsyncMode:
         """DJL's async handler call for one request (the init call is answered by the service)."""
         if inputs.is_empty():
             return None
+        tracking = str(inputs.get_property(TRACKING_ID_PROPERTY) or "")
         target = inputs.get_property(CANCEL_PROPERTY)
-        if target:
+        if target and tracking.startswith(CANCEL_TRACKING_PREFIX):  # a client's header is no cancel frame
             self.cancel(str(target))
             return None
-        tracking = str(inputs.get_property(TRACKING_ID_PROPERTY) or "")
         try:
             request = self._service.parse_one(inputs)
         except DjlHandlersError as exc:

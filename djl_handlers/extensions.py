@@ -18,9 +18,11 @@
 - In async mode (``option.async_mode=true``) ``CANCEL_PROPERTY`` is a request property whose value
   is the ``request_tracking_id`` of another request: the handler finishes that request in the engine
   and answers the cancel frame itself with ``None`` (DJL's engine makes it a 204 the front end
-  ignores). ``ENGINE_STATS_PROPERTY`` is then a key of a reply's record (DJL's Java
-  ``Request.addResponse`` reads only ``data``/``last``/``code``/``error`` and skips the rest, whereas
-  an Output property would become an HTTP header).
+  ignores). A cancel frame's own ``request_tracking_id`` starts with ``CANCEL_TRACKING_PREFIX``; the
+  front end sets that id on every frame, so a client's ``djl_handlers_cancel`` header on its own
+  request is inert, as in rolling-batch mode. ``ENGINE_STATS_PROPERTY`` is then a key of a reply's
+  record (DJL's Java ``Request.addResponse`` reads only ``data``/``last``/``code``/``error`` and
+  skips the rest, whereas an Output property would become an HTTP header).
 
 - ``QUERY_HANDLER``: a handler function name (the ``handler`` property of a call, as DJL's adapter
   calls name theirs) that the local server calls outside inference for its ``/tokenize``,
@@ -34,6 +36,7 @@ expects it on every reply).
 """
 
 CANCEL_PROPERTY = "djl_handlers_cancel"
+CANCEL_TRACKING_PREFIX = "cancel-"  # async mode: the request_tracking_id of a cancel frame
 API_PROPERTY = "X-Djl-Handlers-Api"
 STATS_RECORD_KEY = "djl_handlers_stats"
 ENGINE_STATS_PROPERTY = "djl_handlers_engine_stats"

@@ -234,7 +234,7 @@ class InferenceService:
     def _dynamic_batch(self, inputs: Any) -> Any:
         engine = self.engine
         assert engine is not None  # initialize() ran
-        items = inputs.get_batches()
+        items = inputs.get_batches() if _is_batch_frame(inputs) else [inputs]
         parsed: list[Any] = []
         for item in items:
             try:
@@ -287,6 +287,13 @@ class InferenceService:
         if name in ("json", "jsonlines", "none"):
             return None
         return self._formatter_for(request)
+
+
+def _is_batch_frame(inputs: Any) -> bool:
+    """True when the front end batched requests: ``batch_size`` set and the content ``batch_NNN.``
+    keyed. DJL sends a batch of one unprefixed, so a client's own ``batch_size`` header is not one."""
+    content = inputs.get_content()
+    return bool(inputs.is_batch()) and all(str(content.key_at(i)).startswith("batch_") for i in range(content.size()))
 
 
 def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:

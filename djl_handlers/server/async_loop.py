@@ -23,7 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from djl_handlers.extensions import CANCEL_PROPERTY, ENGINE_STATS_PROPERTY, TRACKING_ID_PROPERTY
+from djl_handlers.extensions import (
+    CANCEL_PROPERTY,
+    CANCEL_TRACKING_PREFIX,
+    ENGINE_STATS_PROPERTY,
+    TRACKING_ID_PROPERTY,
+)
 from djl_handlers.io import wire
 from djl_handlers.protocol.rolling import Record, decode_record
 
@@ -70,7 +75,7 @@ class AsyncRequests:
 
     def send_cancel(self, channel: StepChannel, tracking: str) -> None:
         """Ask the worker to finish ``tracking``'s request in the engine (its reply is ignored)."""
-        channel.send(({CANCEL_PROPERTY: tracking, TRACKING_ID_PROPERTY: f"cancel-{uuid.uuid4()}",
+        channel.send(({CANCEL_PROPERTY: tracking, TRACKING_ID_PROPERTY: f"{CANCEL_TRACKING_PREFIX}{uuid.uuid4()}",
                        "handler": self._runtime.settings.handler or "handle"}, [("data", b"")]))
 
     def take(self, frame: wire.OutputFrame, deliver: Callable[[ResponseSink, Record, dict[str, str]], None]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from djl_handlers.errors import record_error_body
-from djl_handlers.extensions import CANCEL_PROPERTY, TRACKING_ID_PROPERTY
+from djl_handlers.extensions import CANCEL_PROPERTY, CANCEL_TRACKING_PREFIX, TRACKING_ID_PROPERTY
 from djl_handlers.io.inputs import Input
 from djl_handlers.io.wire import binary_decode
 
@@ -85,7 +85,7 @@ class AsyncModeClient:
 
     async def cancel(self, tracking_id: str) -> Any:
         """Our front end's cancel frame for request ``tracking_id``."""
-        props = {CANCEL_PROPERTY: tracking_id, TRACKING_ID_PROPERTY: str(uuid.uuid4())}
+        props = {CANCEL_PROPERTY: tracking_id, TRACKING_ID_PROPERTY: f"{CANCEL_TRACKING_PREFIX}{uuid.uuid4()}"}
         return await _awaited(self.handle(Input.from_parts(props, [("data", b"")])))
 
 

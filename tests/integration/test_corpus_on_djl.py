@@ -6,9 +6,10 @@ One pair of servers per (DJL release, mode) on the fake-engine model directory
 ``djl-handlers serve`` told the same release's rules. Every probe of
 ``tests/robustness/front_end_diff.py`` (each HTTP-able corpus case on ``/invocations`` and on
 ``/predictions/fake_lmi``, each input of ``tests/robustness/fuzz_inputs.json``) goes to both; the
-statuses must be equal and, where both answer an error, the error body's media type and shape
-(its keys, in order) too, unless a row of the table in ``docs/deviations.md`` documents the
-difference. A row that no longer matches anything fails as well. The OpenAI and TGI routes exist
+statuses must be equal, where both answer an error the error body's media type and shape (its
+keys, in order) too, and where both answer an LMI body the generated text, unless a row of the
+table in ``docs/deviations.md`` documents the difference. A row that no longer matches anything
+fails as well. The OpenAI and TGI routes exist
 only on our server: the corpus's cases of those dialects reach DJL's ``/invocations`` with the
 ``X-Djl-Handlers-Api`` header our routes set.
 
@@ -109,7 +110,7 @@ def _capture(release: str, mode: str, payload: dict[str, Any]) -> None:
 
 
 def _replies_json(replies: dict[str, Reply]) -> dict[str, Any]:
-    return {name: [r.status, r.media, r.shape] for name, r in replies.items()}
+    return {name: [r.status, r.media, r.shape, r.text] for name, r in replies.items()}
 
 
 def test_the_table_names_real_probes_modes_and_releases() -> None:
@@ -122,7 +123,7 @@ def test_the_table_names_real_probes_modes_and_releases() -> None:
             assert any(fnmatchcase(n, pattern) for n in names), (row, pattern)
         assert set(row.modes) <= {*MODES, ALL}, row
         assert set(row.releases) <= {"0.34", "0.36", ALL}, row
-        assert row.what in ("status", "error body"), row
+        assert row.what in ("status", "error body", "text"), row
 
 
 @pytest.mark.slow
@@ -152,6 +153,8 @@ def test_corpus_answers_as_djl_front_end(release: str, mode: str, tmp_path: Path
     finally:
         for server in ours:
             server.stop()
+        if djl.log_path is not None and djl.log_path.is_file():  # kept beside ours.log for a failure's reader
+            shutil.copyfile(djl.log_path, tmp_path / "djl.log")
         djl.stop()
     found = differences(theirs, mine)
     rows = read_table()

@@ -55,6 +55,7 @@ class Reply:
     status: Optional[int]
     media: str = ""
     shape: str = ""
+    text: Optional[str] = None  # the generated text of an LMI answer (None: not one)
 
     @property
     def is_error(self) -> bool:
@@ -132,10 +133,28 @@ def shape_of(body: bytes) -> str:
     return "[list]" if isinstance(value, list) else "json"
 
 
+def generated_text(body: bytes) -> Optional[str]:
+    """The generated text of an LMI answer: ``generated_text`` of a JSON object, of each object of a
+    list (joined by ``|``), or of the last JSON line; None for anything else."""
+    try:
+        lines = [json.loads(body)]  # one JSON value, pretty-printed or not
+    except ValueError:
+        try:
+            lines = [json.loads(line) for line in body.decode("utf-8").splitlines() if line.strip()]
+        except ValueError:
+            return None
+    last = lines[-1] if lines else None
+    if isinstance(last, list) and len(lines) == 1:
+        texts = [item.get("generated_text") if isinstance(item, dict) else None for item in last]
+        return "|".join(texts) if texts and all(isinstance(t, str) for t in texts) else None
+    text = last.get("generated_text") if isinstance(last, dict) else None
+    return text if isinstance(text, str) else None
+
+
 def reply_of(response: httpx.Response) -> Reply:
     """A response reduced to what is compared."""
     media = response.headers.get("content-type", "").split(";")[0].strip().lower()
-    return Reply(response.status_code, media, shape_of(response.content))
+    return Reply(response.status_code, media, shape_of(response.content), generated_text(response.content))
 
 
 def send_all(base: str, model: str, probes: Sequence[Probe], timeout: float = 30.0,
@@ -167,7 +186,8 @@ def _error_form(reply: Reply) -> str:
 
 
 def differences(djl: dict[str, Reply], ours: dict[str, Reply]) -> list[Difference]:
-    """Where the statuses differ, or both are errors in a different body shape or media type."""
+    """Where the statuses differ, both are errors in a different body shape or media type, or both
+    answered an LMI text and the texts differ (the fake engine is deterministic)."""
     found = []
     for name, theirs in djl.items():
         mine = ours[name]
@@ -175,6 +195,8 @@ def differences(djl: dict[str, Reply], ours: dict[str, Reply]) -> list[Differenc
             found.append(Difference(name, "status", theirs.label, mine.label))
         elif theirs.is_error and mine.is_error and _error_form(theirs) != _error_form(mine):
             found.append(Difference(name, "error body", _error_form(theirs), _error_form(mine)))
+        elif theirs.text is not None and mine.text is not None and theirs.text != mine.text:
+            found.append(Difference(name, "text", theirs.text[:60], mine.text[:60]))
     return found
 
 

@@ -8,10 +8,13 @@ Cases with a ``known_bug`` are strict xfails (they pass once the bug is fixed, t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from djl_handlers.io import Input
 from tests.robustness.corpus import CORPUS, DYNAMIC, ROLLING, Case
-from tests.robustness.harness import run_dynamic, run_rolling
+from tests.robustness.harness import make_service, run_dynamic, run_rolling
 
 CHUNK = 300  # cases per batch: 900 requests, below Input.get_batches' limit of 1000
 
@@ -55,3 +58,15 @@ def test_whole_corpus_in_one_rolling_batch(engine: str) -> None:
         outcomes = run_rolling(chunk, engine)
         failures.update({c.name: o.problems for c, o in zip(chunk, outcomes, strict=True) if o.problems})
     assert failures == {}
+
+
+@pytest.mark.parametrize("case", [c for c in CORPUS if c.name.startswith("header-") and c.ok and DYNAMIC in c.modes],
+                         ids=lambda c: c.name)
+def test_dynamic_batch_of_one_as_djl_frames_it(case: Case) -> None:
+    """DJL sends a dynamic batch of one request unprefixed (no ``batch_NNN.`` keys), the client's
+    headers beside the front end's properties: a ``batch_size`` header must not split the frame."""
+    service, _ = make_service(case.engine, {"rolling_batch": "disable"})
+    frame = Input.from_parts({**case.properties(), "handler": "handle"}, [("data", case.body)])
+    out = service.handle(frame)
+    assert out.code == 200, (out.code, out.message)
+    assert json.loads(bytes(out.content.value_at(0))) == [{"generated_text": case.expect_text}]

@@ -154,6 +154,30 @@ def test_cancel_frame_finishes_the_request_in_the_engine() -> None:
     assert not engine.has_unfinished()
 
 
+def test_a_clients_cancel_property_is_inert() -> None:
+    """A ``djl_handlers_cancel`` header on an ordinary request (not a ``cancel-`` frame of the front
+    end) neither drops that request nor cancels the one it names."""
+    async def main() -> tuple[AsyncAnswer, AsyncAnswer, AsyncAnswer]:
+        client, service, engine = await _started()
+        victim = AsyncAnswer()
+        task = asyncio.ensure_future(client.stream(
+            {"inputs": "long", "stream": True, "parameters": {"max_new_tokens": 40}}, victim, tracking_id="t-1"))
+        while not victim.records:
+            await asyncio.sleep(0.001)
+        forged = await client.request({"inputs": "x", "parameters": {"max_new_tokens": 4}},
+                                      djl_handlers_cancel="t-1")
+        own = await client.request({"inputs": "x", "parameters": {"max_new_tokens": 4}},
+                                   djl_handlers_cancel="true")
+        await asyncio.wait_for(task, 10)
+        service.async_mode.close()  # type: ignore[union-attr]
+        return victim, forged, own
+
+    victim, forged, own = asyncio.run(main())
+    assert forged.json() == own.json() == {"generated_text": REPLY[:4]}
+    lines = [json.loads(line) for line in victim.text.splitlines()]
+    assert len(lines) == 40 and lines[-1]["generated_text"] == (REPLY * 2)[:40]
+
+
 def test_closing_the_reply_generator_cancels_the_request() -> None:
     async def main() -> FakeEngine:
         client, service, engine = await _started()
