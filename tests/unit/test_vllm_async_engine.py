@@ -321,3 +321,45 @@ def test_a_finished_request_is_not_aborted(fake_vllm: Any) -> None:
     asyncio.run(main())
     assert [call for call in calls if not call[1]] == []  # only vLLM's own no-op when its stream closes
     assert engine.engine.core.aborted == []
+
+
+# -- several samples (n > 1) -------------------------------------------------------------------------
+def _sampled(engine: Any, sample_ids: tuple[int, ...], **kwargs: Any) -> EngineRequest:
+    params = GenerationParameters.from_dict({"do_sample": True, "temperature": 1.0, "seed": 11,
+                                             "n": 1 + len(sample_ids), **kwargs}, engine="vllm")
+    return EngineRequest(1, engine.tokenizer.encode("Deep"), params, "Deep", sample_ids=sample_ids)
+
+
+@pytest.mark.parametrize("burst", [1, 3])
+def test_samples_come_under_their_own_ids_merged_or_not(fake_vllm: Any, burst: int) -> None:
+    engine = make_engine()
+    engine.engine.burst = burst  # 3: the collector merges several samples' outputs into one
+    outs = flat(asyncio.run(collect(engine, _sampled(engine, (5, 6), max_new_tokens=6))))
+    per = {rid: [o for o in outs if o.request_id == rid] for rid in (1, 5, 6)}
+    assert len(outs) == 18 and all(len(samples) == 6 for samples in per.values())
+    assert all(samples[-1].finish_reason == "length" for samples in per.values())
+    [params] = engine.engine.core.added.values()
+    assert params.n == 3
+    assert engine.engine.get_num_unfinished_requests() == 0 and engine.engine.core.aborted == []
+
+
+def test_released_samples_end_the_stream_and_abort_in_vllm(fake_vllm: Any) -> None:
+    engine = make_engine()
+
+    async def main() -> list[StepOutput]:
+        stream = engine.generate_async(_sampled(engine, (5, 6), max_new_tokens=200, ignore_eos_token=True))
+        first = await stream.__anext__()
+        engine.release(5)  # a rule of ours ended sample 5: it gets nothing more
+        rest = []
+        async for group in stream:
+            rest += group
+            if len(rest) > 6:
+                engine.release(1)
+                engine.release(6)  # the last sample let go: the stream ends
+        return first + rest
+
+    outs = asyncio.run(main())
+    assert {o.request_id for o in outs} == {1, 5, 6}
+    assert all(o.request_id != 5 for o in outs[3:]) and len(outs) < 30
+    assert [rid.split("-")[0] for rid in engine.engine.core.aborted] == ["1"]
+    assert engine.engine.get_num_unfinished_requests() == 0

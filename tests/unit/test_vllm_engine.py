@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import sys
 from pathlib import Path
@@ -393,3 +394,56 @@ def test_lora_disabled_refuses_adapters(fake_vllm: Any, tmp_path: Path) -> None:
     assert not engine.engine.engine_args.enable_lora
     with pytest.raises(AdapterError, match="enable_lora"):
         engine.load_adapter(AdapterSpec("a", _adapter_dir(tmp_path, "a", 4)))
+
+
+# -- several samples (n > 1): vLLM's own n, one CompletionOutput.index per sample ------------------
+def _sampled(engine: Any, rid: int, sample_ids: tuple[int, ...], **kwargs: Any) -> EngineRequest:
+    p = params(do_sample=True, temperature=1.0, seed=11, n=1 + len(sample_ids), **kwargs)
+    return EngineRequest(rid, engine.tokenizer.encode("Deep"), p, "Deep", sample_ids=sample_ids)
+
+
+def test_samples_are_one_vllm_request_reported_under_their_own_ids(fake_vllm: Any) -> None:
+    engine = make_engine()
+    engine.add_request(_sampled(engine, 1, (5, 6), max_new_tokens=6))
+    assert engine.engine.added["1"].n == 3 and list(engine.engine.added) == ["1"]  # one request, vLLM's n
+    per = run(engine)
+    assert sorted(per) == [1, 5, 6]
+    for outs in per.values():
+        assert len(outs) == 6 and [o.finish_reason for o in outs] == [None] * 5 + ["length"]
+    # vLLM seeds sample i with seed + i: each sample equals a one-sample request with that seed
+    for sample_id, seed in ((1, 11), (5, 12), (6, 13)):
+        alone = make_engine()
+        alone.add_request(EngineRequest(9, alone.tokenizer.encode("Deep"),
+                                        params(do_sample=True, temperature=1.0, seed=seed, max_new_tokens=6), "Deep"))
+        assert [o.token_id for o in per[sample_id]] == [o.token_id for o in run(alone)[9]]
+    assert engine.sample_seed(11, 2) == 13 and engine.sample_seed(None, 2) is None
+    assert not engine.has_unfinished() and engine.engine.aborted == []
+
+
+def test_released_samples_get_nothing_and_the_request_aborts_when_all_are_released(fake_vllm: Any) -> None:
+    engine = make_engine()
+    engine.add_request(_sampled(engine, 1, (5, 6), max_new_tokens=20))
+    assert {o.request_id for o in engine.step()} == {1, 5, 6}
+    engine.release(5)  # one sample ended by a rule of ours: its siblings go on
+    assert {o.request_id for o in engine.step()} == {1, 6}
+    engine.release(1)
+    assert engine.engine.aborted == [] and engine.has_unfinished()
+    engine.release(6)
+    assert engine.engine.aborted == ["1"] and not engine.has_unfinished()
+    assert not engine.engine.has_unfinished_requests()  # every child aborted in vLLM
+
+
+def test_samples_through_the_rolling_batch_are_lmi_best_of_sequences(fake_vllm: Any) -> None:
+    from djl_handlers.service import InferenceService
+    from djl_handlers.testing.java_loop import RollingBatchDriver, json_request
+
+    service = InferenceService("vllm")
+    driver = RollingBatchDriver(service.handle)
+    assert driver.init({"model_id": "toy", "rolling_batch": "vllm"}) is None
+    body = {"inputs": "Deep", "parameters": {"n": 3, "do_sample": True, "seed": 4, "max_new_tokens": 5}}
+    sampled, greedy = driver.submit(json_request(body)), driver.submit(json_request({**body, "parameters": {"n": 2}}))
+    driver.run()
+    answer = json.loads(sampled.text)
+    assert len(answer["details"]["best_of_sequences"]) == 2
+    assert all(seq["generated_tokens"] == 5 for seq in answer["details"]["best_of_sequences"])
+    assert greedy.code == 400 and "parameters.n must be 1 when decoding greedily" in (greedy.error or "")

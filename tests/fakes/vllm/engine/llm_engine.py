@@ -15,6 +15,11 @@ Behaviour copied from the real engine, because the adapter depends on it:
   int; ``max_tokens`` gives ``"length"``. EOS/stop tokens are ignored before ``min_tokens``.
 - ``logprobs``/``cumulative_logprob`` are ``None`` unless ``SamplingParams.logprobs`` is set.
 - ``abort_request(request_ids: list[str])`` drops requests; aborted requests get no output.
+- ``SamplingParams.n`` > 1 (V1's parallel sampling, ``vllm.v1.engine.parallel_sampling``): the
+  request fans out into child sequences ``f"{i}_{request_id}"``, each with ``n=1`` and, when
+  seeded, ``seed + i``; each step's output of a child is a ``RequestOutput`` under the parent's id
+  whose one ``CompletionOutput`` has ``index=i``, ``finished`` once every child has finished;
+  aborting the parent id aborts its children.
 
 - LoRA: ``add_request(..., lora_request=LoRARequest)`` needs ``enable_lora`` and loads the adapter on
   demand; ``add_lora``/``remove_lora``/``pin_lora``/``list_loras`` as in vLLM; a rank above
@@ -27,7 +32,7 @@ request per step) and the inspection lists ``added``/``aborted``/``lora_of``.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from vllm._toy import EOS_ID, ToyTokenizer, next_token, token_logprob
@@ -78,6 +83,8 @@ class LLMEngine:
         self.loras: dict[int, Any] = {}
         self.pinned: set[int] = set()
         self.lora_of: dict[str, Any] = {}
+        self._children: dict[str, list[str]] = {}  # parent id -> its unfinished children (n > 1)
+        self._parent_of: dict[str, tuple[str, int]] = {}  # child id -> (parent id, index)
 
     @classmethod
     def from_engine_args(
@@ -130,12 +137,24 @@ class LLMEngine:
             self._check_lora(lora_request)
             self.loras.setdefault(lora_request.lora_int_id, lora_request)  # vLLM loads it on demand
         _validate_structured(params.structured_outputs)
+        self.added[request_id] = params
+        self.lora_of[request_id] = lora_request
+        if params.n == 1:
+            self._add_seq(request_id, text, ids, params)
+            return
+        self._children[request_id] = []
+        for index in range(params.n):
+            child = f"{index}_{request_id}"
+            seed = None if params.seed is None else params.seed + index
+            self._add_seq(child, text, ids, replace(params, n=1, seed=seed))
+            self._children[request_id].append(child)
+            self._parent_of[child] = (request_id, index)
+
+    def _add_seq(self, request_id: str, text: Optional[str], ids: list[int], params: SamplingParams) -> None:
         seq = _Seq(request_id, text, ids, params)
         if params.temperature >= _SAMPLING_EPS:  # vLLM: temperature 0 is greedy
             seq.rng = random.Random(params.seed)
         self._seqs[request_id] = seq
-        self.added[request_id] = params
-        self.lora_of[request_id] = lora_request
 
     # -- LoRA (vLLM's LLMEngine.add_lora/remove_lora/pin_lora/list_loras) --------------------------
     def _check_lora(self, lora_request: Any) -> None:
@@ -185,7 +204,13 @@ class LLMEngine:
         if isinstance(request_ids, str):  # V1 iterates the argument: a str would abort per char
             raise TypeError("abort_request takes a list of request ids")
         for rid in request_ids:
-            if self._seqs.pop(rid, None) is not None:
+            children = self._children.pop(rid, None)
+            if children is not None:
+                for child in children:
+                    self._seqs.pop(child, None)
+                    self._parent_of.pop(child, None)
+                self.aborted.append(rid)
+            elif self._seqs.pop(rid, None) is not None:
                 self.aborted.append(rid)
 
     def step(self) -> list[RequestOutput]:
@@ -196,10 +221,24 @@ class LLMEngine:
                 self._advance(seq)
                 if seq.finish_reason is not None:
                     break
-            outputs.append(self._output(seq))
+            output = self._output(seq)
             if seq.finish_reason is not None:
                 del self._seqs[seq.request_id]
+            outputs.append(self._as_parent(output) if seq.request_id in self._parent_of else output)
         return outputs
+
+    def _as_parent(self, output: RequestOutput) -> RequestOutput:
+        """A child's output under its parent's id, with the child's index."""
+        parent, index = self._parent_of[output.request_id]
+        output.outputs[0].index = index
+        if output.finished:
+            del self._parent_of[output.request_id]
+            self._children[parent].remove(output.request_id)
+        output.finished = not self._children[parent]
+        if output.finished:
+            del self._children[parent]
+        output.request_id = parent
+        return output
 
     def _advance(self, seq: _Seq) -> None:
         params = seq.params
