@@ -1,5 +1,5 @@
-"""``python -m benchmarks {engine,limit,overhead,server,async,memory,profile,served,compare,attention,kernels,all}``
-[--quick].
+"""``python -m benchmarks {engine,limit,overhead,server,async,memory,profile,served,compare,attention,kernels,
+speculative,all}`` [--quick].
 
 Each subcommand prints its tables and writes ``benchmarks/results/<name>.json`` (``-quick.json``
 for ``--quick``, which finishes in under two minutes and draws no PNG) and, for full runs, a PNG
@@ -154,10 +154,16 @@ def _profile(args: argparse.Namespace) -> None:
     write_report("profile", report, args.quick, started)
 
 
+def _speculative(args: argparse.Namespace) -> None:
+    from benchmarks import speculative
+
+    speculative.run(args.quick)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "engine": _engine, "limit": _limit, "overhead": _overhead, "server": _server, "async": _async, "memory": _memory,
     "profile": _profile, "served": _served, "compare": _compare, "attention": _attention,
-    "kernels": _kernels,
+    "kernels": _kernels, "speculative": _speculative,
 }
 
 

@@ -184,7 +184,7 @@ class InferenceService:
     def engine_stats(self, running: int) -> dict[str, Any]:
         """The engine's own figures (KV-cache use...) and ``batch_size``; never raises."""
         stats: dict[str, Any] = {"batch_size": running}
-        for name in ("kv_cache_usage", "prefix_cache_stats"):  # HF engine: KV slab, prefix cache
+        for name in ("kv_cache_usage", "prefix_cache_stats", "spec_decode_stats"):  # HF: KV slab, caches, speculation
             figures = getattr(self.engine, name, None)
             if callable(figures):
                 try:

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from djl_handlers.config.reader import Reader
+from djl_handlers.config.speculative import NgramOptions, read_ngram
 from djl_handlers.errors import ConfigError
 
 __all__ = ["DEFAULT_PREFILL_TOKENS", "HuggingFaceOptions", "parse_bytes", "read_hf_options"]
@@ -58,6 +59,9 @@ class HuggingFaceOptions:
     # KV-cache bound in bytes (vLLM's ``kv_cache_memory_bytes``): None: auto (half the memory free after
     # loading); 0: no bound. A request waits until its worst case fits (engines/hf/kv_budget.py).
     kv_cache_memory_bytes: int | None = None
+    # option.speculative_config (vLLM's JSON, method "ngram" only): prompt-lookup speculation, None: off
+    # (engines/hf/speculative.py)
+    speculative: NgramOptions | None = None
     # CPU kernel patches (engines/hf/cpu/), each applied only to a model on the CPU
     cpu_linear: str = "onednn"  # prepacked oneDNN linear layers; "torch": torch's own
     cpu_fuse_projections: bool = True  # with cpu_linear=onednn: q/k/v and gate/up as one GEMM each
@@ -130,6 +134,7 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
         prefix_cache_memory_bytes=r.integer("prefix_cache_memory_bytes", defaults.prefix_cache_memory_bytes, 0)
         or 0,
         kv_cache_memory_bytes=_kv_bytes(r),
+        speculative=read_ngram(r),
         cpu_linear=r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
         cpu_fuse_projections=r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),
         cpu_attention=r.choice("cpu_attention", defaults.cpu_attention, CPU_ATTENTION),

@@ -19,6 +19,7 @@ from djl_handlers.config.hf import HuggingFaceOptions, read_hf_options
 from djl_handlers.config.parallel import ParallelOptions, read_parallel
 from djl_handlers.config.reader import Reader
 from djl_handlers.config.resolve import is_async_value
+from djl_handlers.config.speculative import read_speculative_json
 from djl_handlers.errors import ConfigError
 
 ROLLING_BATCH: tuple[str, ...] = ("auto", "scheduler", "disable", "lmi-dist", "vllm", "trtllm", "deepspeed")
@@ -69,6 +70,7 @@ class VllmOptions:
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 16
+    speculative_config: dict[str, Any] | None = None  # option.speculative_config, to vLLM unchanged
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ def _vllm(r: Reader) -> VllmOptions:
         enable_lora=r.boolean("enable_lora", False),
         max_loras=r.integer("max_loras", 4, 1) or 4,
         max_lora_rank=r.integer("max_lora_rank", 16, 1) or 16,
+        speculative_config=read_speculative_json(r),
     )
 
 

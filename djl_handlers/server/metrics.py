@@ -142,12 +142,22 @@ class Metrics:
         self.kv_max = gauge("kv_cache_max_bytes", "The KV-cache bound, option.kv_cache_memory_bytes (HF engine).")
         self.engine_batch = gauge("engine_batch_size", "Requests in the engine's batch (worker's count).")
         # vLLM's prefix_cache_queries / prefix_cache_hits (tokens); the worker reports running totals
-        self._prefix = {
+        self._totals = {
             key: Counter(PREFIX + key, doc, one, registry=reg).labels(model)
             for key, doc in (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache (HF engine)."),
                              ("prefix_cache_hits", "Prompt tokens whose KV came from the prefix cache (HF engine)."))
         }
-        self._prefix_seen = dict.fromkeys(self._prefix, 0)
+        self._totals_seen = dict.fromkeys(self._totals, 0)
+        # speculative decoding (HF engine's prompt lookup): vLLM's spec_decode_* counters, running totals too
+        for key, doc in (("spec_decode_num_drafts", "Rows that verified speculative candidates, per step (HF engine)."),
+                         ("spec_decode_num_draft_tokens", "Speculative candidate tokens verified (HF engine)."),
+                         ("spec_decode_num_accepted_tokens", "Speculative candidate tokens accepted (HF engine).")):
+            self._totals[key] = Counter(PREFIX + key, doc, one, registry=reg).labels(model)
+            self._totals_seen[key] = 0
+        self.spec_rate = gauge("spec_decode_acceptance_rate", "Accepted / verified speculative tokens since the "
+                               "worker started (HF engine).")
+        self.spec_tokens = gauge("spec_decode_tokens_per_step", "Tokens a decoding row gets per step since the "
+                                 "worker started, 1 without speculation (HF engine).")
 
     def series(self, adapter: str = "") -> RequestSeries:
         """The per-request series for ``adapter``, bound once and cached. Past ``MAX_ADAPTER_LABELS``
@@ -168,16 +178,18 @@ class Metrics:
         """Apply one ``ENGINE_STATS_PROPERTY`` payload from the worker."""
         for key, child in (("kv_cache_usage", self.kv_usage), ("kv_cache_used_bytes", self.kv_used),
                            ("kv_cache_allocated_bytes", self.kv_allocated), ("batch_size", self.engine_batch),
-                           ("kv_bytes_per_token", self.kv_per_token), ("kv_cache_max_bytes", self.kv_max)):
+                           ("kv_bytes_per_token", self.kv_per_token), ("kv_cache_max_bytes", self.kv_max),
+                           ("spec_decode_acceptance_rate", self.spec_rate),
+                           ("spec_decode_tokens_per_step", self.spec_tokens)):
             value = stats.get(key)
             if isinstance(value, (int, float)):
                 child.set(value)
-        for key, counter in self._prefix.items():
+        for key, counter in self._totals.items():
             total = stats.get(key)
             if isinstance(total, int):  # a running total: add what is new (all of it after a worker restart)
-                seen = self._prefix_seen[key]
+                seen = self._totals_seen[key]
                 counter.inc(total - seen if total >= seen else total)
-                self._prefix_seen[key] = total
+                self._totals_seen[key] = total
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition in the format the ``Accept`` header asks for: ``(body, content type)``."""

@@ -64,6 +64,8 @@ def _vllm_option_kwargs(opts: Any) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = int(opts.max_rolling_batch_prefill_tokens)
     if opts.quantize:
         kwargs["quantization"] = opts.quantize
+    if getattr(opts, "speculative_config", None):  # option.speculative_config: vLLM's own JSON object
+        kwargs["speculative_config"] = dict(opts.speculative_config)
     if opts.enable_lora:  # config.lora (lora_kwargs) is the same options; kept for option groups built alone
         kwargs.update(enable_lora=True, max_loras=int(opts.max_loras), max_lora_rank=int(opts.max_lora_rank))
     return kwargs

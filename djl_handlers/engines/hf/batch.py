@@ -131,6 +131,19 @@ class SlabLayer(DynamicLayer):
         """Expose only the first ``rows`` rows (the rest stay allocated as spare slots)."""
         self._set(rows, self._start, self._end)
 
+    def drop_last(self, n: int) -> None:
+        """Forget the last ``n`` columns (speculative candidates no row kept)."""
+        if self._k is not None and n > 0:
+            self._set(self._rows, self._start, self._end - n)
+
+    def shift_row(self, row: int, n: int) -> None:
+        """Move row ``row``'s columns in use ``n`` to the right (its last ``n`` are dropped), zeros
+        entering on the left: a row that kept fewer speculative columns than others, realigned."""
+        for slab in (self._cap_k(), self._cap_v()):
+            part = slab[row, :, self._start : self._end]
+            part[:, n:] = part[:, :-n].clone()
+            part[:, :n].zero_()
+
     def _realloc(self, cap_rows: int, left: int, right: int) -> None:
         """Move the content into a new slab with ``left``/``right`` spare columns around it."""
         k, v = self._cap_k(), self._cap_v()
@@ -229,6 +242,10 @@ class KVBatch:
         idx = torch.tensor(order, dtype=torch.long, device=device)
         self.mask, self.pos, self.pending = self.mask[idx], self.pos[idx], self.pending[idx]
         self.rows = [self.rows[i] for i in order]
+        self.trim_left()
+
+    def trim_left(self) -> None:
+        """Drop the columns of left padding every row has."""
         used = self.mask.any(dim=0)
         lead = int(used.int().argmax()) if bool(used.any()) else 0
         if lead > 0:
@@ -259,6 +276,25 @@ class KVBatch:
             allocated += size
             used += size * real // slots if slots else 0
         return used, allocated
+
+    def keep_new(self, kept: Sequence[int], written: int) -> None:
+        """After a forward that wrote ``written`` columns to every row (speculative verification), keep
+        row ``i``'s first ``kept[i]`` of them: the columns no row keeps are dropped, each row that keeps
+        fewer than the most moves right by the difference (KV and mask), then common left padding goes."""
+        top = max(kept)
+        for layer in self.layers:
+            layer.drop_last(written - top)
+        width = self.width - (written - top)
+        mask = self.mask[:, :width].clone()
+        for i, count in enumerate(kept):
+            shift = top - count
+            if shift:
+                for layer in self.layers:
+                    layer.shift_row(i, shift)
+                mask[i, shift:] = mask[i, : width - shift].clone()
+                mask[i, :shift] = 0
+        self.mask = mask
+        self.trim_left()
 
     def grow_mask(self) -> None:
         """Append one real column to the mask (before a decode forward)."""

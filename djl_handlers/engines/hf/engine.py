@@ -34,6 +34,11 @@ Prefix caching (``option.enable_prefix_caching``, :mod:`djl_handlers.engines.hf.
 queued prompt whose first blocks are cached starts as a chunked prefill from the cached KV (the
 first ready row, ahead of the step's group); every finished prompt prefill stores its blocks.
 
+Speculative decoding by prompt lookup (``option.speculative_config``, method ``ngram``,
+:mod:`djl_handlers.engines.hf.speculative`): a decode step may verify candidate tokens per row in one
+``[B, 1 + K]`` forward and emit several tokens for a row; the step is the plain one when no row has
+a candidate.
+
 Log-probs: see :mod:`djl_handlers.engines.hf.sampling` (model distribution, before processing).
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
@@ -70,6 +75,7 @@ from djl_handlers.engines.hf.prefill_budget import default_prefill_tokens
 from djl_handlers.engines.hf.prefix_cache import PrefixCache, prompt_kv
 from djl_handlers.engines.hf.rows import Partial, Row
 from djl_handlers.engines.hf.sampling import RowSampling, sample_batch
+from djl_handlers.engines.hf.speculative import Speculator
 from djl_handlers.engines.hf.static import generate_static as static_generate
 from djl_handlers.errors import ConfigError, EngineOutOfMemory
 from djl_handlers.params.translate import translate
@@ -121,6 +127,7 @@ class HFEngine:
         self._grammars: GrammarBackend | None = None
         self.threads: ThreadGovernor | None = None  # option.cpu_threads=adaptive on a CPU (engines/hf/cpu/threads.py)
         self.prefix_cache: PrefixCache | None = None  # option.enable_prefix_caching (engines/hf/prefix_cache.py)
+        self.speculator: Speculator | None = None  # option.speculative_config (engines/hf/speculative.py)
         self.cpu_patches: dict[str, str] = {}  # what each CPU kernel patch did to the model (engines/hf/cpu/patches.py)
         self.kv_bytes_per_token = bytes_per_token(model)
         self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
@@ -136,10 +143,14 @@ class HFEngine:
         engine = attach_lora(config, cls.load(config))
         if config.hf.enable_prefix_caching:
             engine.prefix_cache = PrefixCache(config.hf.prefix_cache_memory_bytes)
+        if config.hf.speculative is not None:
+            engine.speculator = Speculator(config.hf.speculative)
         if config.hf.cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
             engine.threads = ThreadGovernor(torch.get_num_threads())
         mode = resolve_mode(config.hf.decode_graphs, engine.device, config.hf.enforce_eager)
-        if mode != "off":
+        if mode != "off" and engine.speculator is not None:  # verify steps change the slab behind its mirror
+            LOG.warning("option.decode_graphs=%s is not used with option.speculative_config", mode)
+        elif mode != "off":
             engine.use_decode_graphs(mode, config.hf.cudagraph_capture_sizes)
         return engine
 
@@ -302,6 +313,10 @@ class HFEngine:
         ``/metrics`` next to :meth:`kv_cache_usage`."""
         return self.prefix_cache.stats() if self.prefix_cache is not None else {}
 
+    def spec_decode_stats(self) -> dict[str, Any]:
+        """Speculative decoding's counters (empty when it is off); read by the service for ``/metrics``."""
+        return self.speculator.stats() if self.speculator is not None else {}
+
     def generate_static(self, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
         """Dynamic-batch mode: ``model.generate()`` on left-padded batches (see :mod:`.static`)."""
         return static_generate(self, requests)
@@ -325,6 +340,15 @@ class HFEngine:
             kwargs[self._keep_kw] = 1
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
         return out.logits[:, -1, :].float()
+
+    def _forward_tail(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
+                      keep: int) -> torch.Tensor:
+        """One forward; the logits of the last ``keep`` positions [batch, keep, vocab] (float32)."""
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
+        if self._keep_kw:
+            kwargs[self._keep_kw] = keep
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        return out.logits[:, -keep:, :].float()
 
     def _forward_capturing(
         self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
@@ -367,6 +391,10 @@ class HFEngine:
         batch = self._batch
         if batch is None:
             return []
+        if self.speculator is not None:
+            verified = self.speculator.decode(self, batch)
+            if verified is not None:
+                return verified
         batch.grow_mask()
         use_rows(self.lora, batch.rows)
         graphs = self.decode_graphs
@@ -395,6 +423,8 @@ class HFEngine:
         else:
             result = sample_batch(logits, [row.sampling for row in rows], top_n)
         tops = result.top_tokens
+        if self.speculator is not None:
+            self.speculator.observe(rows, result.tokens)
         if batch is not None:
             batch.pending = torch.tensor(result.tokens, dtype=torch.long, device=self.device).clamp(min=0)
         outputs = []

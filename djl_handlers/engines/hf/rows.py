@@ -30,6 +30,7 @@ class Row:
     # n/best_of > 1: (sample index, request id) of the further samples, forked from this row's prefill
     forks: list[tuple[int, int]] = field(default_factory=list)
     prefix_digests: list[bytes] | None = None  # prefix caching: its prompt's block digests (prefix_cache.py)
+    history: list[int] | None = None  # speculation: prompt and chosen tokens, the n-gram lookup's context
 
     @property
     def width(self) -> int:

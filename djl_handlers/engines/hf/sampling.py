@@ -247,6 +247,26 @@ def _select(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
     return chosen
 
 
+def processed_logits(logits: torch.Tensor, row: RowSampling) -> torch.Tensor:
+    """One row's logits ([vocab] float32) after the processing :func:`sample_batch` applies for it
+    (penalty, eos suppression, and when sampling temperature, top-k, top-p, typical-p), before the
+    softmax: speculative verification (``engines/hf/speculative.py``) reads the same distribution."""
+    x = logits.unsqueeze(0).clone()
+    if row.seen is not None:
+        x[0] = _apply_penalty(x[0], row.seen.to(x.device), row.repetition_penalty)
+    if row.generated < row.min_new_tokens and row.eos_token_ids:
+        x[0, list(row.eos_token_ids)] = _NEG_INF
+    if row.do_sample:
+        x = x / row.temperature
+        if row.top_k > 0:
+            x = _top_k(x, [row.top_k])
+        if row.top_p < 1.0:
+            x = _top_p(x, torch.tensor([row.top_p], dtype=x.dtype, device=x.device))
+        if row.typical_p < 1.0:
+            x = _typical_p(x, torch.tensor([row.typical_p], dtype=x.dtype, device=x.device))
+    return x[0]
+
+
 def _apply_penalty(x: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """HF's repetition penalty: divide positive logits of seen tokens, multiply negative ones."""
     penalized = torch.where(x > 0, x / penalty, x * penalty)
