@@ -9,6 +9,7 @@ plot. ``robustness`` lives in ``python -m benchmarks.robustness``. See docs/benc
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -157,7 +158,7 @@ def _profile(args: argparse.Namespace) -> None:
 def _speculative(args: argparse.Namespace) -> None:
     from benchmarks import speculative
 
-    speculative.run(args.quick)
+    speculative.run(args.quick, ngram=json.loads(args.ngram) if args.ngram else None)
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
@@ -187,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-reference", action="store_true", help="served: skip the sequential generate() check")
     parser.add_argument("--variant", action="append", metavar="NAME:key=value;...",
                         help="served: one more HF server with these serving.properties options")
+    parser.add_argument("--ngram", metavar="JSON", help="speculative: the option.speculative_config object to measure")
     parser.add_argument("--python", metavar="VENV/bin/python",
                         help="served: run the HF servers on this interpreter's installed djl_handlers wheel")
     args: Any = parser.parse_args(argv)

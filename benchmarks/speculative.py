@@ -49,14 +49,14 @@ TASKS = [
 ]
 
 
-def _service(model_dir: str, dtype: str, speculative: bool) -> Any:
+def _service(model_dir: str, dtype: str, speculative: dict[str, Any] | None) -> Any:
     from djl_handlers.io import Input
     from djl_handlers.service import InferenceService
 
     service = InferenceService("huggingface")
     init = {"model_id": model_dir, "dtype": dtype, "rolling_batch": "scheduler", "cpu_threads": "fixed"}
     if speculative:
-        init["speculative_config"] = json.dumps(NGRAM)
+        init["speculative_config"] = json.dumps(speculative)
     assert service.handle(Input.from_parts(init, ())) is None
     return service
 
@@ -115,17 +115,19 @@ def burst(service: Any, prompts: list[tuple[str, int]]) -> dict[str, Any]:
             "texts": [x[-1].get("generated_text") if x else None for x in lines]}
 
 
-def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str) -> dict[str, Any]:
+def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str,
+                  ngram: dict[str, Any] | None = None) -> dict[str, Any]:
     from djl_handlers.model.embedded import embedded_model_dir
 
     model_dir = str(embedded_model_dir())
-    spec, plain = _service(model_dir, dtype, True), _service(model_dir, dtype, False)
+    ngram = ngram or NGRAM
+    spec, plain = _service(model_dir, dtype, ngram), _service(model_dir, dtype, None)
     tokenizer = plain.engine.tokenizer
     workloads = {"copy": copy_workload(tokenizer, n, new_tokens), "mixed": mixed_prompts(tokenizer, n),
                  "fresh": fresh_workload(tokenizer, n, new_tokens)}
     for service in (spec, plain):  # first-use costs out of the measured rounds
         burst(service, copy_workload(tokenizer, n, 8))
-    report: dict[str, Any] = {"rounds": rounds, "n": n, "dtype": dtype, "ngram": NGRAM, "workloads": {}}
+    report: dict[str, Any] = {"rounds": rounds, "n": n, "dtype": dtype, "ngram": ngram, "workloads": {}}
     for name, prompts in workloads.items():
         rows, identical = [], True
         for round_index in range(rounds):
@@ -157,11 +159,13 @@ COLUMNS = ["round", "first", "tok_s_on", "tok_s_off", "tok_s_ratio", "ttft_on_ms
            "acceptance_rate", "tokens_per_row_step"]
 
 
-def run(quick: bool, rounds: int = 4, n: int = 8, new_tokens: int = 64, dtype: str = "fp32") -> dict[str, Any]:
-    """Run, print the tables and write ``benchmarks/results/speculative.json``."""
+def run(quick: bool, rounds: int = 4, n: int = 8, new_tokens: int = 64, dtype: str = "fp32",
+        ngram: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run, print the tables and write ``benchmarks/results/speculative.json`` (``ngram``: the
+    ``option.speculative_config`` object, :data:`NGRAM` by default)."""
     started = context()
     rounds, new_tokens = (1, 32) if quick else (rounds, new_tokens)
-    report = run_benchmark(quick, rounds, n, new_tokens, dtype)
+    report = run_benchmark(quick, rounds, n, new_tokens, dtype, ngram)
     for name, block in report["workloads"].items():
         print_table(block["rows"], COLUMNS, f"speculative ({name} workload, {n} requests at once, {dtype})")
         print(f"{name}: median tok/s ratio {block['tok_s_ratio_median']}, TTFT ratio {block['ttft_ratio_median']}, "
