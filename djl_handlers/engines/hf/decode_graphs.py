@@ -297,7 +297,8 @@ class DecodeGraphs:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: another thread's CUDA call (a metrics read) does not break this capture
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             bucket.logits = self._eager(bucket)
         bucket.graph = graph
         self.stats["captures"] += 1
