@@ -68,9 +68,10 @@ class HuggingFaceOptions:
     cpu_attention: str = "auto"  # ragged decode attention when its kernel builds; "ragged": or fail; "sdpa"
     cpu_norm: str = "fused"  # one-pass RMSNorm kernel (bitwise torch's); "torch"
     cpu_rotary: str = "fused"  # rotary embedding in one C call (bitwise torch's); "torch"
-    # the decode step on static shapes (engines/hf/decode_graphs.py): "auto" (CUDA graphs on a CUDA device,
-    # else off), "cuda_graphs", "compile", "static" (the bucketed step run eagerly) or "off"; enforce_eager
-    # (vLLM's name) turns it off; cudagraph_capture_sizes: the row buckets (None: 1, 2, 4, multiples of 8)
+    # the decode step on static shapes (engines/hf/decode_graphs.py): "auto" (off on every device until
+    # graph replay is checked on a GPU), "cuda_graphs", "compile", "static" (the bucketed step run
+    # eagerly) or "off"; enforce_eager (vLLM's name) turns it off; cudagraph_capture_sizes: the row
+    # buckets (None: 1, 2, 4, multiples of 8)
     decode_graphs: str = "auto"
     enforce_eager: bool = False
     cudagraph_capture_sizes: tuple[int, ...] | None = None

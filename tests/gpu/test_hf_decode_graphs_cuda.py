@@ -109,7 +109,7 @@ def test_replayed_graphs_equal_dynamic_steps_and_generate(model_and_tok: Any, jo
         assert 0 < stats["captures"] == len(graphs._buckets) < stats["static_steps"]
 
 
-def test_auto_takes_cuda_graphs_on_cuda_and_enforce_eager_turns_them_off(embedded_dir: Path) -> None:
+def test_auto_stays_off_cuda_graphs_are_opt_in_and_enforce_eager_turns_them_off(embedded_dir: Path) -> None:
     from djl_handlers.config.models import ServingConfig
     from djl_handlers.engines.hf.engine import HFEngine
 
@@ -118,7 +118,9 @@ def test_auto_takes_cuda_graphs_on_cuda_and_enforce_eager_turns_them_off(embedde
                  **options}
         return HFEngine.from_config(ServingConfig.from_properties(props, engine="huggingface"))
 
-    expected = "off" if DEVICE == "cpu" else "cuda_graphs"
     built = engine()
-    assert (built.decode_graphs.mode if built.decode_graphs is not None else "off") == expected
+    assert built.decode_graphs is None or built.decode_graphs.mode == "off"
+    expected = "off" if DEVICE == "cpu" else "cuda_graphs"
+    chosen = engine(decode_graphs="cuda_graphs")
+    assert (chosen.decode_graphs.mode if chosen.decode_graphs is not None else "off") == expected
     assert engine(enforce_eager="true").decode_graphs is None

@@ -31,7 +31,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "serving.properties.examples"
         ({"rolling_bach": "disable"}, {}, "did you mean option.rolling_batch?"),
         ({}, {"batchsize": "4"}, "batchsize is not read by DJL Serving or djl_handlers; did you mean batch_size?"),
         ({}, {"max_batch_dealy": "10"}, "did you mean max_batch_delay?"),
-        ({"gpu_memory_utilization": "0.8"}, {}, "option.gpu_memory_utilization is read only by the vllm, lmi-dist engine(s)"),
+        ({"gpu_memory_utilization": "0.8"}, {},
+         "option.gpu_memory_utilization is read only by the vllm, lmi-dist engine(s)"),
         ({"cpu_atention": "ragged"}, {}, "did you mean option.cpu_attention?"),
     ],
 )

@@ -68,12 +68,11 @@ def width_bucket(columns: int) -> int:
 
 
 def resolve_mode(mode: str, device: torch.device, enforce_eager: bool = False) -> str:
-    """The mode a model on ``device`` runs: ``off`` with ``enforce_eager``; ``auto`` is
-    ``cuda_graphs`` on a CUDA device and ``off`` elsewhere; ``cuda_graphs`` needs CUDA."""
-    if enforce_eager or mode == "off":
+    """The mode a model on ``device`` runs: ``off`` with ``enforce_eager``; ``auto`` is ``off`` on
+    every device until graph replay has been checked on a GPU (on the CPU the bucketed step is slower
+    than the dynamic one); ``cuda_graphs`` needs CUDA."""
+    if enforce_eager or mode in ("off", "auto"):
         return "off"
-    if mode == "auto":
-        return "cuda_graphs" if device.type == "cuda" else "off"
     if mode == "cuda_graphs" and device.type != "cuda":
         LOG.warning("option.decode_graphs=cuda_graphs needs a CUDA device (the model is on %s): decode "
                     "steps run without graphs", device)
