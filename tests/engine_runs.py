@@ -37,3 +37,23 @@ def generate_tokens(model: Any, prompts: list[list[int]], news: list[int]) -> li
     with torch.inference_mode():
         return [model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, len(ids):]
                 .tolist() for ids, n in zip(prompts, news, strict=True)]
+
+
+def greedy_texts(path: Any, prompts: tuple[str, ...] | list[str],
+                 new_tokens: int) -> dict[str, tuple[list[int], str]]:
+    """prompt -> (new token ids, text) of transformers' ``generate(do_sample=False)`` in fp32 on the
+    model at ``path``: the reference one vLLM rank, several ranks and the HF engine must equal."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out: dict[str, tuple[list[int], str]] = {}
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = tok(prompt, return_tensors="pt").input_ids
+            gen = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, pad_token_id=tok.eos_token_id)
+            new = gen[0, ids.shape[1]:].tolist()
+            out[prompt] = (new, tok.decode(new, skip_special_tokens=True))
+    del model
+    return out

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from conftest_models import embedded_dir  # noqa: F401 - fixture
 from djl_server_fixture import DjlServer, djl_skip_reason
+from engine_runs import greedy_texts
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("DJL_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python")))
@@ -55,19 +56,7 @@ pytestmark = [pytest.mark.djl, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def greedy(embedded_dir: Path) -> dict[str, tuple[list[int], str]]:  # noqa: F811
     """prompt -> (new token ids, text) of transformers' ``generate(do_sample=False)`` in fp32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(embedded_dir)
-    model = AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32).eval()
-    out: dict[str, tuple[list[int], str]] = {}
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            gen = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=tok.eos_token_id)
-            new = gen[0, ids.shape[1]:].tolist()
-            out[prompt] = (new, tok.decode(new, skip_special_tokens=True))
-    return out
+    return greedy_texts(embedded_dir, PROMPTS, NEW_TOKENS)
 
 
 @pytest.fixture(params=list(SETUPS))

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from conftest_models import embedded_dir  # noqa: F401 - fixture
+from engine_runs import greedy_texts
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.params.generation import GenerationParameters
@@ -60,21 +61,7 @@ def _shutdown(llm_engine: Any) -> None:
 @pytest.fixture(scope="module")
 def hf_greedy(embedded_dir: Path) -> dict[str, tuple[list[int], str]]:  # noqa: F811
     """prompt → (new token ids, text) of ``generate(do_sample=False, max_new_tokens=NEW_TOKENS)``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = _model_dir(embedded_dir)
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out: dict[str, tuple[list[int], str]] = {}
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            gen = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=tok.eos_token_id)
-            new = gen[0, ids.shape[1] :].tolist()
-            out[prompt] = (new, tok.decode(new, skip_special_tokens=True))
-    del model
-    return out
+    return greedy_texts(_model_dir(embedded_dir), PROMPTS, NEW_TOKENS)
 
 
 # -- the adapter -----------------------------------------------------------------------------------

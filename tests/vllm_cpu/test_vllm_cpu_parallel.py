@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest_models import embedded_dir  # noqa: F401 - fixture
+from engine_runs import greedy_texts
 from integration.test_server_harness import ServerProcess
 
 from djl_handlers.errors import ConfigError
@@ -48,19 +49,7 @@ START_S = 900  # three ranks sharing two busy cores start in about two minutes
 
 def greedy(path: Path | str) -> dict[str, tuple[list[int], str]]:
     """prompt → (new token ids, text) of transformers' ``generate(do_sample=False)`` in fp32."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out: dict[str, tuple[list[int], str]] = {}
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            gen = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=tok.eos_token_id)
-            new = gen[0, ids.shape[1]:].tolist()
-            out[prompt] = (new, tok.decode(new, skip_special_tokens=True))
-    return out
+    return greedy_texts(path, PROMPTS, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
