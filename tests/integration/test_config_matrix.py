@@ -236,6 +236,12 @@ def test_needs_vllm_fails_clearly_on_both(pairs: PairCache, release: str, config
         pytest.skip("vLLM is installed here: this configuration would load")
     assert djl_mode(config, release) == "fails"
     pair = pairs.get(release, config)
+    djl_error = pair.errors.get("djl", "")
+    if "vllm" not in djl_error.lower() and "Python worker errors:\n(none)" in djl_error:
+        # DJL's Java side can exit before its reader thread has logged the worker's stderr (seen on
+        # a loaded machine): the reason is then missing from its log, not from the worker. Once more.
+        pairs.close()
+        pair = pairs.get(release, config)
     assert set(pair.errors) == {"ours", "djl"}, f"expected both servers to refuse {config.id}: {pair.errors}"
     for side, message in pair.errors.items():
         assert "vllm" in message.lower(), f"{side} does not name vLLM:\n{message[-3000:]}"
