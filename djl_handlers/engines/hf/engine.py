@@ -335,11 +335,7 @@ class HFEngine:
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """One forward; returns last-position logits [batch, vocab] (float32)."""
-        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
-        if self._keep_kw:
-            kwargs[self._keep_kw] = 1
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
-        return out.logits[:, -1, :].float()
+        return self._forward_tail(ids, mask, pos, cache, 1)[:, -1, :]
 
     def _forward_tail(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
                       keep: int) -> torch.Tensor:
