@@ -8,8 +8,9 @@ addresses, so a step here runs on a **mirror** of the slab with bucketed shapes:
 - rows padded up to a capture size (``option.cudagraph_capture_sizes``; vLLM's default sizes
   1, 2, 4, then every multiple of 8 up to the batch limit), columns up to a power of two (at least
   :data:`MIN_WIDTH`);
-- one mirror K/V buffer per layer, shared by every bucket (a view of its first rows and columns),
-  zeroed when allocated and grown (all graphs dropped) when a larger bucket is needed;
+- one mirror K/V buffer per layer, beside that layer's slab (its device, dtype and head shape),
+  shared by every bucket (a view of its first rows and columns), zeroed when allocated and grown
+  (all graphs dropped) when a larger bucket is needed;
 - the row's ``T`` cached columns sit at ``[0, T)``, the step writes column ``T`` (an index held in a
   device tensor, so a replay writes where the step says); the boolean mask lets a real row see its
   own real columns and its new one only, and a padding row only its new column: padded rows and
@@ -17,7 +18,15 @@ addresses, so a step here runs on a **mirror** of the slab with bucketed shapes:
 - after the forward the new column is written back into the slab (``SlabLayer.update``, as the
   dynamic step writes it), so the slab stays the one truth: joins, leaves, forks and prefix caching
   work on it unchanged. The mirror is copied in again only when the slab changed otherwise (other
-  rows, another slab, trimmed padding): it records the slab view it mirrors and checks it each step.
+  rows, another slab, trimmed padding): it records which slab view it mirrors (weakly: a finished
+  batch's slab and rows are freed with the batch, not kept until the next step) and checks it each step.
+
+The mirror is a second copy of the running batch's KV, so under ``option.kv_cache_memory_bytes`` it
+is charged against the same bound: a step gets the room the bound leaves beside the running rows'
+reserved cache (``room``), a mirror that would not fit there is not allocated and the step takes the
+dynamic forward (counted in ``stats["over_bound_steps"]``), and the engine counts
+:meth:`DecodeGraphs.mirror_bytes` at admission (:meth:`DecodeGraphs.need_bytes` tells it when the mirror
+is larger than the running rows need, so it may :meth:`DecodeGraphs.release` it for a waiting request).
 
 Modes: ``static`` runs the bucketed forward eagerly (any device; how the CPU tests it), ``cuda_graphs``
 captures one graph per (rows, columns) bucket at its first use and replays it, ``compile`` wraps the
@@ -30,6 +39,7 @@ reason is logged once.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +121,7 @@ class _Bucket:
     mask: torch.Tensor
     column: torch.Tensor
     cache: Any
+    columns: list[torch.Tensor] = field(default_factory=list)  # ``column`` on each device of the layers
     run: Callable[[], torch.Tensor] | None = None  # the forward as this mode runs it
     graph: Any = None  # cuda_graphs: the captured graph
     logits: torch.Tensor | None = None  # cuda_graphs: the graph's output
@@ -119,10 +130,11 @@ class _Bucket:
 
 @dataclass
 class _Mirrored:
-    """What the mirror holds: the rows (in order) and the slab view of the first layer it copied."""
+    """What the mirror holds: the rows (in order) and the slab view of the first layer it copied,
+    held by weak references (the batch owns them; a freed one never matches again)."""
 
-    rows: list[Any]
-    view: torch.Tensor
+    rows: list[weakref.ref[Any]]
+    storage: weakref.ref[Any]
     shape: tuple[int, ...] = field(default=())
     offset: int = -1
 
@@ -147,24 +159,27 @@ class DecodeGraphs:
         self._mirrored: _Mirrored | None = None
         self._logged: set[str] = set()
         self._pool: Any = None
-        self.stats = {"static_steps": 0, "eager_steps": 0, "captures": 0, "mirror_loads": 0}
+        self.stats = {"static_steps": 0, "eager_steps": 0, "captures": 0, "mirror_loads": 0,
+                      "mirror_allocations": 0, "over_bound_steps": 0, "mirror_yields": 0}
 
     # ------------------------------------------------------------------ the step
-    def decode(self, batch: KVBatch) -> torch.Tensor | None:
+    def decode(self, batch: KVBatch, room: int | None = None) -> torch.Tensor | None:
         """The decode forward of ``batch`` (its mask already grown by the new column) on bucketed
-        shapes; writes the new column into the slab and returns the logits [rows, vocab]. None:
-        this step does not fit (reason logged once): the caller runs the dynamic forward."""
+        shapes; writes the new column into the slab and returns the logits [rows, vocab]. ``room``:
+        the bytes the mirror may take (None: no bound). None: this step does not fit (reason logged
+        once): the caller runs the dynamic forward."""
         reason = self._misfit(batch)
+        if reason is None:
+            reason = self._ensure_mirror(batch.layers, self._size(len(batch.rows)), width_bucket(batch.width), room)
+            if reason is not None:
+                self.stats["over_bound_steps"] += 1
         if reason is not None:
             self._note(reason)
             self.stats["eager_steps"] += 1
             return None
         rows, cached = len(batch.rows), batch.width - 1
-        size = next(s for s in self.sizes if s >= rows)
         layers = batch.layers
-        first = layers[0].views()[0]
-        self._ensure_mirror(len(layers), size, width_bucket(cached + 1), first, layers[0].views()[1])
-        bucket = self._bucket(size, width_bucket(cached + 1))
+        bucket = self._bucket(self._size(rows), width_bucket(cached + 1))
         if not self._holds(batch):
             for layer, k, v in zip(layers, self._k, self._v, strict=True):
                 keys, values = layer.views()
@@ -177,7 +192,7 @@ class DecodeGraphs:
         except Exception as exc:  # noqa: BLE001 - a capture or compile that fails turns the mode off
             self.disabled = f"{self.mode} failed ({type(exc).__name__}: {exc}); decode steps run without it"
             LOG.warning("decode graphs: %s", self.disabled, exc_info=True)
-            self._release()
+            self.release()
             self.stats["eager_steps"] += 1
             return None
         for layer, k, v in zip(layers, self._k, self._v, strict=True):
@@ -197,43 +212,89 @@ class DecodeGraphs:
             return "the KV cache is not the engine's slab"
         return None
 
+    def _size(self, rows: int) -> int:
+        """The row bucket of ``rows`` (at most the largest capture size)."""
+        return next(s for s in self.sizes if s >= rows)
+
     def _note(self, reason: str) -> None:
         if reason not in self._logged:
             self._logged.add(reason)
             LOG.info("decode graphs: a step runs without them: %s", reason)
 
     # ------------------------------------------------------------------ the mirror
-    def _ensure_mirror(self, layers: int, rows: int, width: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Mirror buffers of at least ``rows`` x ``width`` (zeros; grown ones drop every bucket)."""
-        if self._k and self._k[0].shape[0] >= rows and self._k[0].shape[2] >= width:
-            return
-        if self._k:
-            rows, width = max(rows, self._k[0].shape[0]), max(width, self._k[0].shape[2])
-        self._release()
-        _, heads, _, dim = keys.shape
-        self._k = [keys.new_zeros((rows, heads, width, dim)) for _ in range(layers)]
-        self._v = [values.new_zeros((rows, heads, width, values.shape[-1])) for _ in range(layers)]
+    def mirror_bytes(self) -> int:
+        """Bytes the mirror's K/V buffers hold (0 when none is allocated)."""
+        return sum(t.numel() * t.element_size() for t in (*self._k, *self._v))
 
-    def _release(self) -> None:
-        """Drop every bucket (graphs, compiled code) and the mirror's contents."""
+    def need_bytes(self, batch: KVBatch | None) -> int:
+        """Bytes of the mirror ``batch``'s next decode step needs (0: no batch, or its step would not
+        take the static path)."""
+        if batch is None or not batch.rows or self.disabled is not None or len(batch.rows) > self.sizes[-1]:
+            return 0
+        return self._size(len(batch.rows)) * width_bucket(batch.width + 1) * _cell_bytes(batch.layers)
+
+    def yield_room(self) -> None:
+        """Release the mirror for a request waiting for its room (counted in ``stats``)."""
+        self.stats["mirror_yields"] += 1
+        self.release()
+
+    def release(self) -> None:
+        """Drop every bucket (graphs, compiled code) and the mirror's buffers."""
         self._buckets.clear()
         self._mirrored = None
         self._k, self._v = [], []
+
+    def _ensure_mirror(self, layers: Sequence[Any], rows: int, width: int, room: int | None) -> str | None:
+        """Mirror buffers of at least ``rows`` x ``width`` beside each slab layer (zeros; a new one
+        drops every bucket): the current one when it covers them, else one covering both it and them
+        when that fits ``room`` bytes, else exactly ``rows`` x ``width``. None, or why no mirror fits."""
+        if self._covers(layers, rows, width):
+            return None
+        cell = _cell_bytes(layers)
+        if self._k and self._matches(layers):
+            grown = (max(rows, self._k[0].shape[0]), max(width, self._k[0].shape[2]))
+            if room is None or grown[0] * grown[1] * cell <= room:
+                rows, width = grown
+        self.release()  # before allocating: the old and the new mirror never coexist
+        if room is not None and rows * width * cell > room:
+            return "the mirror does not fit beside the running rows' KV within option.kv_cache_memory_bytes"
+        for layer in layers:
+            keys, values = layer.views()
+            self._k.append(keys.new_zeros((rows, keys.shape[1], width, keys.shape[3])))
+            self._v.append(values.new_zeros((rows, values.shape[1], width, values.shape[3])))
+        self.stats["mirror_allocations"] += 1
+        return None
+
+    def _matches(self, layers: Sequence[Any]) -> bool:
+        """Whether each mirror buffer has its slab layer's device, dtype, heads and head size."""
+        if len(self._k) != len(layers):
+            return False
+        for layer, k, v in zip(layers, self._k, self._v, strict=True):
+            for mirror, slab in zip((k, v), layer.views(), strict=True):
+                if (mirror.device != slab.device or mirror.dtype != slab.dtype
+                        or mirror.shape[1] != slab.shape[1] or mirror.shape[3] != slab.shape[3]):
+                    return False
+        return True
+
+    def _covers(self, layers: Sequence[Any], rows: int, width: int) -> bool:
+        return bool(self._k) and self._k[0].shape[0] >= rows and self._k[0].shape[2] >= width and self._matches(layers)
 
     def _holds(self, batch: KVBatch) -> bool:
         """Whether the mirror already holds ``batch``'s KV (same rows, same slab view as recorded)."""
         held = self._mirrored
         if held is None or len(held.rows) != len(batch.rows):
             return False
-        if any(a is not b for a, b in zip(held.rows, batch.rows, strict=True)):
+        if any(a() is not b for a, b in zip(held.rows, batch.rows, strict=True)):
             return False
         view = batch.layers[0].views()[0]
-        return (view.untyped_storage().data_ptr() == held.view.untyped_storage().data_ptr()
+        # torch keeps one Python object per live storage: the same object is the same slab
+        return (held.storage() is view.untyped_storage()
                 and tuple(view.shape) == held.shape and view.storage_offset() == held.offset)
 
     def _remember(self, batch: KVBatch) -> None:
         view = batch.layers[0].views()[0]
-        self._mirrored = _Mirrored(list(batch.rows), view, tuple(view.shape), int(view.storage_offset()))
+        self._mirrored = _Mirrored([weakref.ref(row) for row in batch.rows], weakref.ref(view.untyped_storage()),
+                                   tuple(view.shape), int(view.storage_offset()))
 
     # ------------------------------------------------------------------ buckets
     def _bucket(self, rows: int, width: int) -> _Bucket:
@@ -241,14 +302,22 @@ class DecodeGraphs:
         if found is not None:
             return found
         device = self._k[0].device
-        column = torch.zeros(1, dtype=torch.long, device=device)
+        # the new column's index, one per device the layers live on (a model split by device_map)
+        columns = {k.device: torch.zeros(1, dtype=torch.long, device=k.device) for k in self._k}
+        layers = [_MirrorLayer(k[:rows, :, :width], v[:rows, :, :width], columns[k.device])
+                  for k, v in zip(self._k, self._v, strict=True)]
         cache = DynamicCache(config=self.model.config)
-        cache.layers = [_MirrorLayer(k[:rows, :, :width], v[:rows, :, :width], column)
-                        for k, v in zip(self._k, self._v, strict=True)]
+        cache.layers = list(layers)
         bucket = _Bucket(rows, width, ids=torch.zeros((rows, 1), dtype=torch.long, device=device),
                          pos=torch.zeros((rows, 1), dtype=torch.long, device=device),
                          mask=torch.zeros((rows, 1, 1, width), dtype=torch.bool, device=device),
-                         column=column, cache=cache)
+                         column=columns[device], cache=cache, columns=list(columns.values()))
+        if self.mode == "compile":
+            # fixed addresses, written in place between calls: without this mark, CUDA graph trees
+            # (``reduce-overhead``) skip graphs for a compiled step that mutates its inputs (the mirror)
+            for tensor in (bucket.ids, bucket.pos, bucket.mask, *bucket.columns,
+                           *(t for layer in layers for t in (layer.keys, layer.values))):
+                torch._dynamo.mark_static_address(tensor)
         self._buckets[(rows, width)] = bucket
         return bucket
 
@@ -263,7 +332,8 @@ class DecodeGraphs:
         mask.zero_()
         mask[:rows, 0, 0, : cached + 1].copy_(batch.mask.bool())
         mask[rows:, 0, 0, cached] = True
-        bucket.column.fill_(cached)
+        for column in bucket.columns:
+            column.fill_(cached)
 
     def _eager(self, bucket: _Bucket) -> torch.Tensor:
         return self.forward(bucket.ids, bucket.mask, bucket.pos, bucket.cache)
@@ -302,3 +372,12 @@ class DecodeGraphs:
         bucket.graph = graph
         self.stats["captures"] += 1
         LOG.info("decode graphs: captured rows=%d columns=%d", bucket.rows, bucket.width)
+
+
+def _cell_bytes(layers: Sequence[Any]) -> int:
+    """Bytes one (row, column) cell takes over every layer's keys and values (as in the slab)."""
+    total = 0
+    for layer in layers:
+        for t in layer.views():
+            total += t.shape[1] * t.shape[3] * t.element_size()
+    return total

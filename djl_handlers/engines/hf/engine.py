@@ -292,12 +292,16 @@ class HFEngine:
 
     def kv_cache_usage(self) -> dict[str, float]:
         """The running batch's KV slab: bytes holding real tokens, bytes allocated, and their ratio
-        (0 with no batch). Read by the service for ``/metrics``; costs one mask sum."""
+        (0 with no batch); with decode graphs, the bytes of their KV mirror (``kv_cache_mirror_bytes``,
+        charged against the bound too). Read by the service for ``/metrics``; costs one mask sum."""
+        figures: dict[str, Any] = self._kv_facts()
+        if self.decode_graphs is not None:
+            figures["kv_cache_mirror_bytes"] = self.decode_graphs.mirror_bytes()
         if self._batch is None:
-            return {"kv_cache_usage": 0.0, "kv_cache_used_bytes": 0, "kv_cache_allocated_bytes": 0, **self._kv_facts()}
+            return {"kv_cache_usage": 0.0, "kv_cache_used_bytes": 0, "kv_cache_allocated_bytes": 0, **figures}
         used, allocated = self._batch.kv_bytes()
         return {"kv_cache_usage": used / allocated if allocated else 0.0,
-                "kv_cache_used_bytes": used, "kv_cache_allocated_bytes": allocated, **self._kv_facts()}
+                "kv_cache_used_bytes": used, "kv_cache_allocated_bytes": allocated, **figures}
 
     def _kv_facts(self) -> dict[str, Any]:
         """What does not change while serving: bytes per cached token, the bound, the CPU patches."""
@@ -394,7 +398,7 @@ class HFEngine:
         batch.grow_mask()
         use_rows(self.lora, batch.rows)
         graphs = self.decode_graphs
-        logits = graphs.decode(batch) if graphs is not None else None  # None: this step runs dynamic shapes
+        logits = graphs.decode(batch, self._mirror_room()) if graphs is not None else None  # None: dynamic shapes
         if logits is None:
             logits = self._forward(batch.pending.unsqueeze(1), batch.mask, batch.pos.unsqueeze(1), batch.cache)
         batch.pos = batch.pos + 1
@@ -498,13 +502,33 @@ class HFEngine:
     def _admits(self, row: Row, taken: Sequence[Row]) -> bool:
         return admits_row(self, row, taken) and self._kv_fits([*taken, row])
 
+    def _held(self) -> list[Row]:
+        """The rows that hold KV now: the running batch's and the chunk-prefilled one."""
+        return [*(self._batch.rows if self._batch is not None else ()),
+                *([self._partial.row] if self._partial is not None else ())]
+
     def _kv_fits(self, prefill: Sequence[Row]) -> bool:
-        """Whether the running rows plus ``prefill`` stay within the KV bound at their worst case."""
+        """Whether the running rows plus ``prefill`` stay within the KV bound at their worst case,
+        beside the decode graphs' mirror. A mirror larger than the running rows' next step needs (a
+        past batch's, or none running) gives way to a request that fits without it."""
         if self.kv_cache_max_bytes is None:
             return True
-        held = [*(self._batch.rows if self._batch is not None else ()),
-                *([self._partial.row] if self._partial is not None else ())]
-        return footprint(held, prefill, self.max_model_len) * self.kv_bytes_per_token <= self.kv_cache_max_bytes
+        cache = footprint(self._held(), prefill, self.max_model_len) * self.kv_bytes_per_token
+        graphs = self.decode_graphs
+        mirror = graphs.mirror_bytes() if graphs is not None else 0
+        if cache + mirror <= self.kv_cache_max_bytes:
+            return True
+        if graphs is None or not mirror or cache > self.kv_cache_max_bytes or mirror <= graphs.need_bytes(self._batch):
+            return False
+        graphs.yield_room()
+        return True
+
+    def _mirror_room(self) -> int | None:
+        """The bytes the decode graphs' mirror may take this step: what the KV bound leaves beside
+        the running rows' reserved cache (None: no bound)."""
+        if self.kv_cache_max_bytes is None:
+            return None
+        return self.kv_cache_max_bytes - footprint(self._held(), (), self.max_model_len) * self.kv_bytes_per_token
 
     def _check_kv_room(self, request: EngineRequest) -> None:
         """Refuse (507) a request whose worst case alone exceeds the KV bound: it could never run."""
