@@ -9,7 +9,14 @@ engine's default for the device (``prefill_budget.py``: 8192 on an H200) unless 
 Exit status 1 when an fp32 run differs from ``generate()`` (fp32 must be exact; bf16 may drift
 where two tokens are within rounding, so it is reported, not failed).
 
+The model is ``benchmarks.gpu_model.model_dir()``: ``$DJL_HANDLERS_GPU_MODEL`` (the script sets it,
+to a SmolLM2-135M-shaped random model where the embedded one is missing), else the embedded model;
+each result names it (``model``). Speed depends on the shapes and the dtype, not on the weights'
+values, and fp32 equality with ``generate()`` is a property of the engine, so a random model of the
+embedded model's shape measures both as the embedded model would.
+
     python -m benchmarks.gpu_check --n 32 --dtype bf16 --decode-graphs cuda_graphs
+    python -m benchmarks.gpu_check --n 2 --dtype fp32 --device cpu   # the path, on any machine
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ from typing import Any
 
 from benchmarks.common import context, rnd
 from benchmarks.engine_compare import run_engine, run_static
+from benchmarks.gpu_model import describe, model_dir
 from benchmarks.workload import mixed_workload
+
+PROMPT_MAX = 454  # the mixed workload's longest prompt (tokens)
 
 
 def alone(model: Any, ids: list[int], n: int, eos: frozenset[int]) -> list[int]:
@@ -55,20 +65,19 @@ def references(path: str, model: Any, prompts: list[list[int]], limits: list[int
 
 
 def check(n: int, dtype: str, device: str, graphs: str = "off", max_prefill: int = 0,
-          reference_dir: str = "") -> dict[str, Any]:
+          reference_dir: str = "", prompt_max: int = PROMPT_MAX) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from djl_handlers.engines.hf.engine import HFEngine
     from djl_handlers.engines.hf.prefill_budget import default_prefill_tokens
-    from djl_handlers.model.embedded import embedded_model_dir
 
-    model_dir = str(embedded_model_dir())
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    folder = model_dir()
+    tok = AutoTokenizer.from_pretrained(str(folder))
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
     model = model.to(device).eval()
-    jobs = mixed_workload(tok, n=n)
+    jobs = mixed_workload(tok, n=n, prompt_range=(16, prompt_max))
     prompts = [tok.encode(j.prompt) for j in jobs]
     limits = [j.max_new_tokens for j in jobs]
     batch = min(n, 256)
@@ -91,10 +100,11 @@ def check(n: int, dtype: str, device: str, graphs: str = "off", max_prefill: int
     eos = HFEngine(model, tok).eos_token_ids
     picks = list(range(n)) if n <= 64 else list(range(0, n, max(1, n // 32)))
     t0 = time.perf_counter()
-    keep = str(Path(reference_dir) / f"gpu-check-ref-n{n}-{dtype}.json") if reference_dir else ""
+    keep = str(Path(reference_dir) / f"gpu-check-ref-n{n}-{dtype}-{folder.name}.json") if reference_dir else ""
     ref = references(keep, model, prompts, limits, picks, eos)
     same = [engine["token_ids"][i] == ref[i] for i in picks]
     return {
+        "model": describe(folder),
         "n": n, "dtype": dtype, "device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
         "max_batch_size": batch, "max_prefill_tokens": kw["max_prefill_tokens"], "decode_graphs": graphs,
         "decode_graph_stats": dict(hf.decode_graphs.stats) if hf.decode_graphs is not None else None,
@@ -116,11 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--decode-graphs", default="off", choices=("off", "cuda_graphs", "compile", "static"))
     parser.add_argument("--max-prefill", type=int, default=0, help="prefill budget (0: the device's default)")
+    parser.add_argument("--prompt-max", type=int, default=PROMPT_MAX,
+                        help="longest prompt of the workload (lower it for a model with a short context)")
     parser.add_argument("--reference-dir", default="",
                         help="folder keeping generate()'s tokens between runs of the same --n and --dtype")
     args = parser.parse_args(argv)
     result = {"context": context(), **check(args.n, args.dtype, args.device, args.decode_graphs, args.max_prefill,
-                                            args.reference_dir)}
+                                            args.reference_dir, args.prompt_max)}
     print(json.dumps(result, indent=1), flush=True)
     return 1 if args.dtype == "fp32" and result["differing_requests"] else 0
 

