@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 from engine_runs import generate_tokens  # noqa: E402
 
 from djl_handlers.engines.base import EngineRequest  # noqa: E402
-from djl_handlers.engines.hf.decode_graphs import MIN_WIDTH  # noqa: E402
+from djl_handlers.engines.hf.decode_graphs import MIN_WIDTH, width_bucket  # noqa: E402
 from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf.kv_budget import bytes_per_token  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
@@ -130,15 +130,18 @@ def test_a_mirror_left_by_a_finished_batch_gives_way(tiny_model: Any) -> None:
     assert stats["mirror_yields"] == 1 and stats["over_bound_steps"] > 0  # a 1 x 64 mirror does not fit either
 
 
-def _run_unbounded(engine: HFEngine, prompts: list[list[int]], news: tuple[int, ...]) -> None:
+def _run_unbounded(engine: HFEngine, prompts: list[list[int]], news: tuple[int, ...]) -> dict[int, list[int]]:
+    """All requests at once, each released at its ``news[i]`` tokens; the tokens."""
     for i, (ids, n) in enumerate(zip(prompts, news, strict=True)):
         engine.add_request(EngineRequest(i, ids, GenerationParameters(max_new_tokens=n)))
-    counts = dict.fromkeys(range(len(prompts)), 0)
+    got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     while engine.has_unfinished():
         for out in engine.step():
-            counts[out.request_id] += 1
-            if counts[out.request_id] >= news[out.request_id]:
+            assert out.error is None, out.error
+            got[out.request_id].append(int(out.token_id))
+            if len(got[out.request_id]) >= news[out.request_id]:
                 engine.release(out.request_id)
+    return got
 
 
 def test_a_finished_batch_leaves_no_slab_behind(tiny_model: Any) -> None:
@@ -183,3 +186,18 @@ def test_compile_mode_marks_the_buffers_its_step_writes_static(tiny_model: Any) 
     inputs = [bucket.ids, bucket.pos, bucket.mask, bucket.column,
               *(t for layer in bucket.cache.layers for t in (layer.keys, layer.values))]
     assert all(getattr(t, "_dynamo_static_input_type", None) for t in inputs)
+
+
+def test_column_buckets_stop_at_the_context_length(tiny_model: Any) -> None:
+    model, tok = tiny_model
+    assert [width_bucket(n, 80) for n in (1, 64, 65, 80)] == [64, 64, 80, 80]
+    assert width_bucket(65) == 128
+    ids = tok.encode("Once upon a time")
+    new = 80 - len(ids) - 1  # the row's last step fills the context
+    engine = HFEngine(model, tok, max_batch_size=2, max_model_len=80)
+    engine.use_decode_graphs("static", (1, 2))
+    graphs = engine.decode_graphs
+    assert graphs is not None
+    assert _run_unbounded(engine, [ids], (new,)) == {0: generate_tokens(model, [ids], [new])[0]}
+    assert {k.shape[2] for k in graphs._k} == {80}  # not 128: no row is wider than the context
+    assert graphs.stats["eager_steps"] == 0 and graphs.stats["static_steps"] > 0

@@ -68,13 +68,13 @@ def capture_sizes(max_rows: int, sizes: Sequence[int] | None = None) -> tuple[in
     return tuple(sorted(chosen | {max_rows}))
 
 
-def width_bucket(columns: int) -> int:
+def width_bucket(columns: int, most: int | None = None) -> int:
     """The column bucket for ``columns`` (cached tokens plus the new one): the next power of two,
-    at least :data:`MIN_WIDTH`."""
+    at least :data:`MIN_WIDTH`, and at most ``most`` (the model's context length: no row is wider)."""
     width = MIN_WIDTH
     while width < columns:
         width *= 2
-    return width
+    return width if most is None else max(columns, min(width, most))
 
 
 def resolve_mode(mode: str, device: torch.device, enforce_eager: bool = False) -> str:
@@ -145,10 +145,12 @@ class DecodeGraphs:
     ``forward(ids, mask, pos, cache)`` is the engine's own forward (last-position logits [rows,
     vocab], float32); ``mode`` is ``static``, ``cuda_graphs`` or ``compile``."""
 
-    def __init__(self, model: Any, forward: Callable[..., torch.Tensor], mode: str, sizes: Sequence[int]) -> None:
+    def __init__(self, model: Any, forward: Callable[..., torch.Tensor], mode: str, sizes: Sequence[int],
+                 max_width: int | None = None) -> None:
         if mode not in ("static", "cuda_graphs", "compile"):
             raise ValueError(f"decode graphs mode {mode!r}")
         self.model = model
+        self.max_width = max_width  # the widest column bucket (the engine's max_model_len)
         self.forward = forward
         self.mode = mode
         self.sizes = tuple(sorted(sizes))
@@ -170,7 +172,7 @@ class DecodeGraphs:
         once): the caller runs the dynamic forward."""
         reason = self._misfit(batch)
         if reason is None:
-            reason = self._ensure_mirror(batch.layers, self._size(len(batch.rows)), width_bucket(batch.width), room)
+            reason = self._ensure_mirror(batch.layers, self._size(len(batch.rows)), self._width(batch.width), room)
             if reason is not None:
                 self.stats["over_bound_steps"] += 1
         if reason is not None:
@@ -179,7 +181,7 @@ class DecodeGraphs:
             return None
         rows, cached = len(batch.rows), batch.width - 1
         layers = batch.layers
-        bucket = self._bucket(self._size(rows), width_bucket(cached + 1))
+        bucket = self._bucket(self._size(rows), self._width(cached + 1))
         if not self._holds(batch):
             for layer, k, v in zip(layers, self._k, self._v, strict=True):
                 keys, values = layer.views()
@@ -216,6 +218,10 @@ class DecodeGraphs:
         """The row bucket of ``rows`` (at most the largest capture size)."""
         return next(s for s in self.sizes if s >= rows)
 
+    def _width(self, columns: int) -> int:
+        """The column bucket of ``columns``."""
+        return width_bucket(columns, self.max_width)
+
     def _note(self, reason: str) -> None:
         if reason not in self._logged:
             self._logged.add(reason)
@@ -231,7 +237,7 @@ class DecodeGraphs:
         take the static path)."""
         if batch is None or not batch.rows or self.disabled is not None or len(batch.rows) > self.sizes[-1]:
             return 0
-        return self._size(len(batch.rows)) * width_bucket(batch.width + 1) * _cell_bytes(batch.layers)
+        return self._size(len(batch.rows)) * self._width(batch.width + 1) * _cell_bytes(batch.layers)
 
     def yield_room(self) -> None:
         """Release the mirror for a request waiting for its room (counted in ``stats``)."""

@@ -262,7 +262,8 @@ class HFEngine:
         if self.lora is not None:
             LOG.info("decode graphs: off with LoRA adapters (option.enable_lora)")
             return
-        self.decode_graphs = DecodeGraphs(self.model, self._forward, mode, capture_sizes(self.max_batch_size, sizes))
+        self.decode_graphs = DecodeGraphs(self.model, self._forward, mode, capture_sizes(self.max_batch_size, sizes),
+                                          self.max_model_len)
 
     def load_adapter(self, spec: Any) -> None:
         """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora`."""
