@@ -180,12 +180,13 @@ def test_compile_mode_marks_the_buffers_its_step_writes_static(tiny_model: Any) 
     engine.use_decode_graphs("compile", (1, 2))
     graphs = engine.decode_graphs
     assert graphs is not None
-    graphs._run = graphs._eager  # type: ignore[method-assign]  # the buckets as compile sees them, not compiled here
-    _run_unbounded(engine, [tok.encode("Hello there")], (3,))
+    ids = tok.encode("Hello there")
+    assert _run_unbounded(engine, [ids], (6,)) == {0: generate_tokens(model, [ids], [6])[0]}  # compiled on the CPU
     (bucket,) = graphs._buckets.values()
-    inputs = [bucket.ids, bucket.pos, bucket.mask, bucket.column,
+    inputs = [bucket.ids, bucket.pos, bucket.mask, *bucket.columns,
               *(t for layer in bucket.cache.layers for t in (layer.keys, layer.values))]
     assert all(getattr(t, "_dynamo_static_input_type", None) for t in inputs)
+    assert graphs.disabled is None and graphs.stats["static_steps"] == 5
 
 
 def test_column_buckets_stop_at_the_context_length(tiny_model: Any) -> None:
