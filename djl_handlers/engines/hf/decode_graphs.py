@@ -7,7 +7,7 @@ addresses, so a step here runs on a **mirror** of the slab with bucketed shapes:
 
 - rows padded up to a capture size (``option.cudagraph_capture_sizes``; vLLM's default sizes
   1, 2, 4, then every multiple of 8 up to the batch limit), columns up to a power of two (at least
-  :data:`MIN_WIDTH`);
+  :data:`MIN_WIDTH`, at most the model's context length);
 - one mirror K/V buffer per layer, beside that layer's slab (its device, dtype and head shape),
   shared by every bucket (a view of its first rows and columns), zeroed when allocated and grown
   (all graphs dropped) when a larger bucket is needed;
@@ -25,15 +25,17 @@ The mirror is a second copy of the running batch's KV, so under ``option.kv_cach
 is charged against the same bound: a step gets the room the bound leaves beside the running rows'
 reserved cache (``room``), a mirror that would not fit there is not allocated and the step takes the
 dynamic forward (counted in ``stats["over_bound_steps"]``), and the engine counts
-:meth:`DecodeGraphs.mirror_bytes` at admission (:meth:`DecodeGraphs.need_bytes` tells it when the mirror
-is larger than the running rows need, so it may :meth:`DecodeGraphs.release` it for a waiting request).
+:meth:`DecodeGraphs.mirror_bytes` at admission. The mirror stays allocated while the batch is empty,
+so its graphs serve the next batch; under a bound, one larger than the running rows' next step needs
+(:meth:`DecodeGraphs.need_bytes`) gives way to a request it keeps out (:meth:`DecodeGraphs.yield_room`).
 
 Modes: ``static`` runs the bucketed forward eagerly (any device; how the CPU tests it), ``cuda_graphs``
 captures one graph per (rows, columns) bucket at its first use and replays it, ``compile`` wraps the
 bucketed forward in ``torch.compile`` (``mode="reduce-overhead"`` on CUDA, which replays graphs
-itself). A step that does not fit (more rows than the largest capture size, a slab that is not the
-engine's) takes the dynamic forward, and a failed capture turns the mode off for good; each such
-reason is logged once.
+itself; the buffers the step reads and writes in place are marked static, as graph trees skip graphs
+for a function that mutates its other inputs). A step that does not fit (more rows than the largest
+capture size, a slab that is not the engine's, a mirror over the bound) takes the dynamic forward, and
+a failed capture turns the mode off for good; each such reason is logged once.
 """
 
 from __future__ import annotations
