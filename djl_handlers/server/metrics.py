@@ -140,6 +140,8 @@ class Metrics:
         self.kv_per_token = gauge("kv_cache_bytes_per_token", "KV-cache bytes one cached token takes over every "
                                   "layer (HF engine).")
         self.kv_max = gauge("kv_cache_max_bytes", "The KV-cache bound, option.kv_cache_memory_bytes (HF engine).")
+        self.kv_mirror = gauge("kv_cache_mirror_bytes", "KV bytes of the decode graphs' mirror, within the bound "
+                               "(HF engine, option.decode_graphs).")
         self.engine_batch = gauge("engine_batch_size", "Requests in the engine's batch (worker's count).")
         # vLLM's prefix_cache_queries / prefix_cache_hits (tokens); the worker reports running totals
         self._totals = {
@@ -179,6 +181,7 @@ class Metrics:
         for key, child in (("kv_cache_usage", self.kv_usage), ("kv_cache_used_bytes", self.kv_used),
                            ("kv_cache_allocated_bytes", self.kv_allocated), ("batch_size", self.engine_batch),
                            ("kv_bytes_per_token", self.kv_per_token), ("kv_cache_max_bytes", self.kv_max),
+                           ("kv_cache_mirror_bytes", self.kv_mirror),
                            ("spec_decode_acceptance_rate", self.spec_rate),
                            ("spec_decode_tokens_per_step", self.spec_tokens)):
             value = stats.get(key)

@@ -202,3 +202,17 @@ def test_column_buckets_stop_at_the_context_length(tiny_model: Any) -> None:
     assert _run_unbounded(engine, [ids], (new,)) == {0: generate_tokens(model, [ids], [new])[0]}
     assert {k.shape[2] for k in graphs._k} == {80}  # not 128: no row is wider than the context
     assert graphs.stats["eager_steps"] == 0 and graphs.stats["static_steps"] > 0
+
+
+def test_the_engine_stats_carry_the_mirror_bytes_to_metrics(tiny_model: Any) -> None:
+    from djl_handlers.server.metrics import Metrics
+
+    model, tok = tiny_model
+    engine = _engine(model, tok, None)
+    assert "kv_cache_mirror_bytes" not in _engine(model, tok, None, graphs=False).kv_cache_usage()
+    _run_unbounded(engine, [tok.encode("Hello there")], (3,))
+    mirror = sum(t.numel() * t.element_size() for t in _mirror_tensors(engine))
+    assert mirror > 0  # kept for the next batch's graphs
+    metrics = Metrics("m")
+    metrics.engine_stats(engine.kv_cache_usage())
+    assert metrics.registry.get_sample_value("djl_handlers_kv_cache_mirror_bytes", {"model": "m"}) == mirror
