@@ -17,6 +17,7 @@ from djl_handlers.config.speculative import NgramOptions  # noqa: E402
 from djl_handlers.engines.base import EngineRequest, StepOutput  # noqa: E402
 from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
 from djl_handlers.engines.hf.lookup import propose  # noqa: E402
+from djl_handlers.engines.hf.speculation_policy import StepCost  # noqa: E402
 from djl_handlers.engines.hf.speculative import Speculator, accept_or_resample  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
@@ -122,9 +123,10 @@ def requests(tok: Any, news: list[int], **params: Any) -> list[EngineRequest]:
             for i, (p, n) in enumerate(zip(PROMPTS, news, strict=True))]
 
 
-def speculating(model: Any, tok: Any, k: int = 4, **kwargs: Any) -> HFEngine:
+def speculating(model: Any, tok: Any, k: int = 4, cost: StepCost | None = None, **kwargs: Any) -> HFEngine:
+    """An engine that verifies every candidate (``cost``: verifying is free), or as ``cost`` decides."""
     engine = HFEngine(model, tok, **kwargs)
-    engine.speculator = Speculator(NgramOptions(k, 3, 1))
+    engine.speculator = Speculator(NgramOptions(k, 3, 1), cost or StepCost.free())
     return engine
 
 
@@ -288,7 +290,7 @@ def test_lora_rows_speculate_with_their_adapter(tiny_model: Any, tmp_path: Path)
         engine.lora = LoraSet(engine.model, max_loras=2, max_lora_rank=16)
         engine.load_adapter(AdapterSpec("a", str(folder)))
         if spec:
-            engine.speculator = Speculator(NgramOptions(4, 3, 1))
+            engine.speculator = Speculator(NgramOptions(4, 3, 1), StepCost.free())
         return engine
 
     def reqs() -> list[EngineRequest]:
@@ -299,3 +301,57 @@ def test_lora_rows_speculate_with_their_adapter(tiny_model: Any, tmp_path: Path)
     engine = engine_with(True)
     compare(run(engine, reqs(), joins), run(engine_with(False), reqs(), joins), bits=False)
     assert engine.spec_decode_stats()["spec_decode_num_accepted_tokens"] > 0
+
+
+# -- when verifying does not pay -----------------------------------------------------------------------------
+def test_declined_steps_keep_greedy_output_bit_for_bit_and_the_counters_true(tiny_dir: Path) -> None:
+    """A cost model under which verifying is dear (a forward's fixed cost worth 8 tokens: with 5 rows
+    a [5, 2] forward costs 1.4 plain ones), timings ignored so the decisions are the counts' alone
+    (deterministic): some steps run plain though rows have candidates, others verify; the tokens,
+    log-probs and top tokens stay those of plain decoding, and every emitted token is a row-step's or an
+    accepted candidate."""
+    props = {"model_id": str(tiny_dir), "rolling_batch": "scheduler", "dtype": "fp32", "cpu_threads": "fixed"}
+    plain_engine = HFEngine.from_config(ServingConfig.from_properties(props))
+    engine = HFEngine.from_config(ServingConfig.from_properties({**props, "speculative_config": NGRAM}))
+    assert engine.speculator is not None
+    engine.speculator.cost = StepCost(8.0, learn=False)
+    tok = engine.tokenizer
+    news, joins = [16, 12, 14, 18, 15], [0, 0, 1, 1, 2]
+    got = run(engine, requests(tok, news, details=True), joins)
+    compare(got, run(plain_engine, requests(tok, news, details=True), joins))
+    stats = engine.spec_decode_stats()
+    assert stats["spec_decode_num_declined_steps"] > 0 and stats["spec_decode_num_drafts"] > 0
+    assert 0 <= stats["spec_decode_num_accepted_tokens"] <= stats["spec_decode_num_draft_tokens"]
+    emitted = sum(len(outs) for outs in got.values())
+    assert emitted == len(news) + stats["spec_decode_num_row_steps"] + stats["spec_decode_num_accepted_tokens"]
+
+
+def test_a_rows_speculation_state_dies_with_the_row(tiny_model: Any) -> None:
+    """The per-row counts live on the row: once it is released and compacted away, nothing holds it."""
+    import gc
+    import weakref
+
+    model, tok = tiny_model
+    engine = speculating(model, tok)
+    engine.add_request(EngineRequest(1, tok.encode(PROMPTS[0]), GenerationParameters(max_new_tokens=40)))
+    engine.step()
+    assert engine._batch is not None
+    row = engine._batch.rows[0]
+    for _ in range(30):
+        engine.step()
+        if row.speculation is not None and row.speculation.expected > 0:
+            break
+    assert row.speculation is not None and row.speculation.expected > 0  # it has verified drafts
+    ref = weakref.ref(row)
+    del row
+    engine.release(1)
+    engine.step()
+    gc.collect()
+    assert ref() is None and not engine.has_unfinished()
+    # a new request starts from the engine's rates, not from the old row's counts
+    engine.add_request(EngineRequest(2, tok.encode(PROMPTS[0]), GenerationParameters(max_new_tokens=3)))
+    engine.step()  # its prefill: the first token goes into its own lookup context
+    assert engine._batch is not None
+    fresh = engine._batch.rows[0].speculation
+    assert fresh is not None and fresh.expected == fresh.accepted == 0.0
+    assert len(fresh.history) == len(tok.encode(PROMPTS[0])) + 1

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["propose"]
+__all__ = ["lookup", "propose"]
 
 
 def propose(context: Sequence[int], k: int, low: int, high: int) -> list[int]:
+    """Up to ``k`` candidate next tokens for ``context``: :func:`lookup`'s candidates."""
+    return lookup(context, k, low, high)[0]
+
+
+def lookup(context: Sequence[int], k: int, low: int, high: int) -> tuple[list[int], int]:
     """Up to ``k`` candidate next tokens for ``context`` (a row's prompt and generated tokens).
 
     The longest suffix of ``context`` of ``low`` to ``high`` tokens that also occurs earlier in it
     wins (among equally long ones, the latest occurrence); the candidates are the tokens that followed
-    that occurrence (fewer than ``k`` when it ends near the end of ``context``). No match: ``[]``.
+    that occurrence (fewer than ``k`` when it ends near the end of ``context``). Returns them and the
+    matched n-gram's length; no match: ``([], 0)``.
     """
     n = len(context)
     if k < 1 or n < low + 1:
-        return []
+        return [], 0
     tokens = context if isinstance(context, list) else list(context)
     last = tokens[-1]
     ends: list[int] = []  # earlier occurrences of the last token (``list.index`` scans in C)
@@ -38,5 +44,5 @@ def propose(context: Sequence[int], k: int, low: int, high: int) -> list[int]:
             if length == limit:
                 break
     if best_len < low:
-        return []
-    return tokens[best_end + 1 : best_end + 1 + k]
+        return [], 0
+    return tokens[best_end + 1 : best_end + 1 + k], best_len

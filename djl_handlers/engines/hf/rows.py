@@ -11,6 +11,7 @@ from djl_handlers.engines.hf.sampling import RowSampling
 
 if TYPE_CHECKING:
     from djl_handlers.engines.hf.grammar import RowGrammar
+    from djl_handlers.engines.hf.speculation_policy import RowSpeculation
 
 __all__ = ["Partial", "Row"]
 
@@ -30,7 +31,7 @@ class Row:
     # n/best_of > 1: (sample index, request id) of the further samples, forked from this row's prefill
     forks: list[tuple[int, int]] = field(default_factory=list)
     prefix_digests: list[bytes] | None = None  # prefix caching: its prompt's block digests (prefix_cache.py)
-    history: list[int] | None = None  # speculation: prompt and chosen tokens, the n-gram lookup's context
+    speculation: RowSpeculation | None = None  # speculation: the lookup's context, the row's acceptance counts
 
     @property
     def width(self) -> int:

@@ -1,8 +1,14 @@
 """Prompt-lookup speculative decoding in the HF engine (``option.speculative_config``, method ``ngram``).
 
 A decode step with speculation: every running row proposes up to ``k`` candidate tokens by prompt
-lookup (:mod:`.lookup`, over its own prompt and output); when at least one row has some, the step
-feeds ``[pending, candidates..., filler]`` for every row in one forward of ``[B, 1 + K]`` (``K`` the
+lookup (:mod:`.lookup`, over its own prompt and output). Then the step decides whether verifying pays
+(:mod:`.speculation_policy`): it weighs each row's expected accepted candidates (an acceptance rate
+per n-gram match length learnt from the drafts verified so far, scaled by the row's own recent record)
+against the measured cost of a wider forward, and picks the verify width ``w`` (at most ``k``) with
+the most expected tokens per second; ``w = 0``, the plain decode step, unless a width beats it by a
+margin. So rows whose text cannot be predicted stop paying for verification (their candidates still
+ride along, for free, in a step that verifies for others), and are probed again once their record
+has faded. When the step verifies, it cuts every row's candidates at ``w`` and feeds ``[pending, candidates..., filler]`` for every row in one forward of ``[B, 1 + K]`` (``K`` the
 most candidates of any row; a row with fewer is filled with copies of its pending token, real
 columns of the mask so that every row stays "left padding, then causal": a position never attends
 to the fillers after it) and reads the logits of every position. Then, per row:
@@ -37,6 +43,7 @@ which tokens per row and step follow.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -45,9 +52,16 @@ import torch
 
 from djl_handlers.config.speculative import NgramOptions
 from djl_handlers.engines.base import StepOutput
-from djl_handlers.engines.hf.lookup import propose
+from djl_handlers.engines.hf.lookup import lookup
 from djl_handlers.engines.hf.lora import use_rows
 from djl_handlers.engines.hf.sampling import processed_logits, top_log_probs
+from djl_handlers.engines.hf.speculation_policy import (
+    PRIOR_FIXED_TOKENS,
+    AcceptanceRates,
+    RowSpeculation,
+    StepCost,
+    verify_width,
+)
 from djl_handlers.kernels.row_stats import row_stats
 
 if TYPE_CHECKING:
@@ -88,53 +102,75 @@ class _Verdict:
 
 
 class Speculator:
-    """Prompt-lookup speculation for one engine: proposals, the verify step and its counters."""
+    """Prompt-lookup speculation for one engine: proposals, when to verify, the verify step, its counters."""
 
-    def __init__(self, options: NgramOptions) -> None:
+    def __init__(self, options: NgramOptions, cost: StepCost | None = None) -> None:
         self.k = options.num_speculative_tokens
         self.low = options.prompt_lookup_min
         self.high = options.prompt_lookup_max
+        self.rates = AcceptanceRates()
+        self.cost = cost  # None: made at the first step, with the prior of the batch's device
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.row_steps = 0
+        self.declined_steps = 0
+        self._plain: tuple[list[Row], float] | None = None  # a plain decode step being timed: its rows, start
 
     def stats(self) -> dict[str, Any]:
-        """Running totals (vLLM's counter names) plus the acceptance rate and tokens per row-step."""
+        """Running totals (vLLM's counter names) plus the acceptance rate, tokens per row-step and the
+        steps that had candidates but ran plain (the rule found verifying them not worth its cost)."""
         drafted, accepted = self.num_draft_tokens, self.num_accepted_tokens
         return {"spec_decode_num_drafts": self.num_drafts, "spec_decode_num_draft_tokens": drafted,
                 "spec_decode_num_accepted_tokens": accepted, "spec_decode_num_row_steps": self.row_steps,
+                "spec_decode_num_declined_steps": self.declined_steps,
                 "spec_decode_acceptance_rate": accepted / drafted if drafted else 0.0,
                 "spec_decode_tokens_per_step": 1.0 + accepted / self.row_steps if self.row_steps else 0.0}
 
     def observe(self, rows: Sequence[Row], tokens: Sequence[int]) -> None:
-        """Record the tokens a plain step chose (each row's lookup context: prompt and output)."""
+        """Record the tokens a plain step chose (each row's lookup context: prompt and output), and the
+        time of the plain decode step that :meth:`decode` handed back to the engine (the same rows)."""
+        if self._plain is not None and rows is self._plain[0] and self.cost is not None:
+            self.cost.observe(len(rows), time.perf_counter() - self._plain[1])
+            self._plain = None
         for row, token in zip(rows, tokens, strict=True):
             if token >= 0:
-                _context(row).append(token)
+                _state(row).history.append(token)
 
-    def proposals(self, batch: KVBatch, max_model_len: int) -> list[list[int]]:
-        """Each row's candidates: none for grammar rows, and never past ``max_new_tokens`` (counting
-        the token verification adds) or the context length."""
-        out: list[list[int]] = []
+    def proposals(self, batch: KVBatch, max_model_len: int) -> list[tuple[list[int], int]]:
+        """Each row's candidates and the length of the n-gram that found them: none for grammar rows,
+        and never past ``max_new_tokens`` (counting the token verification adds) or the context length."""
+        out: list[tuple[list[int], int]] = []
         for row, pos in zip(batch.rows, batch.pos.tolist(), strict=True):
             room = min(self.k, max_model_len - 2 - int(pos),
                        int(row.request.params.max_new_tokens) - row.sampling.generated - 1)
             if room < 1 or row.grammar is not None or row.done:
-                out.append([])
+                out.append(([], 0))
             else:
-                out.append(propose(_context(row), room, self.low, self.high))
+                out.append(lookup(_state(row).history, room, self.low, self.high))
         return out
 
     def decode(self, engine: Any, batch: KVBatch) -> list[StepOutput] | None:
-        """The decode step with verification, or None when no row has a candidate (the engine then
-        runs its plain decode step)."""
-        cands = self.proposals(batch, engine.max_model_len)
-        self.row_steps += len(batch.rows)
-        width = max(len(c) for c in cands)
-        if width == 0:
-            return None
+        """The decode step with verification, or None for the plain step (the engine runs it): when no
+        row has a candidate, or when verifying them is not expected to pay (:func:`verify_width`)."""
+        self._plain = None
+        found = self.proposals(batch, engine.max_model_len)
         rows, device = batch.rows, batch.mask.device
+        self.row_steps += len(rows)
+        self.rates.fade()
+        for row in rows:
+            _state(row).fade()
+        cost = self._step_cost(device)
+        gains = [[self.rates.expected(_state(row), match, n) for n in range(1, len(c) + 1)]
+                 for row, (c, match) in zip(rows, found, strict=True)]
+        width = verify_width(gains, cost)
+        if width == 0:
+            self.declined_steps += 1 if any(gains) else 0
+            self._plain = (rows, time.perf_counter())
+            return None
+        started = time.perf_counter()
+        cands = [c[:width] for c, _ in found]
+        width = max(len(c) for c in cands)
         pending = batch.pending.tolist()
         feed = [[p, *c, *([p] * (width - len(c)))] for p, c in zip(pending, cands, strict=True)]
         ids = torch.tensor(feed, dtype=torch.long, device=device)
@@ -142,10 +178,18 @@ class Speculator:
         pos = batch.pos.unsqueeze(1) + torch.arange(1 + width, device=device).unsqueeze(0)
         use_rows(engine.lora, rows)
         logits = engine._forward_tail(ids, batch.mask, pos, batch.cache, 1 + width)  # [B, 1 + K, vocab]
-        return self._accept(engine, batch, logits, cands, width)
+        outputs = self._accept(engine, batch, logits, cands, [match for _, match in found], width)
+        cost.observe(len(rows) * (1 + width), time.perf_counter() - started)
+        return outputs
+
+    def _step_cost(self, where: Any) -> StepCost:
+        if self.cost is None:
+            kind = getattr(where, "type", "other")
+            self.cost = StepCost(PRIOR_FIXED_TOKENS.get(kind, PRIOR_FIXED_TOKENS["other"]))
+        return self.cost
 
     def _accept(self, engine: Any, batch: KVBatch, logits: torch.Tensor, cands: list[list[int]],
-                width: int) -> list[StepOutput]:
+                matches: list[int], width: int) -> list[StepOutput]:
         rows = batch.rows
         plain = [i for i, c in enumerate(cands) if not c]
         outputs: dict[int, list[StepOutput]] = {}
@@ -169,9 +213,10 @@ class Speculator:
                 outputs[i] = [StepOutput(rid, error=verdict.error)]
                 continue
             self.num_accepted_tokens += len(verdict.tokens) - 1
+            self.rates.record(_state(row), matches[i], len(verdict.tokens) - 1, len(cands[i]))
             kept[i] = len(verdict.tokens)
             tokens[i] = verdict.tokens[-1]
-            _context(row).extend(verdict.tokens)
+            _state(row).history.extend(verdict.tokens)
             outputs[i] = [StepOutput(rid, token_id=t, log_prob=lp, top_tokens=verdict.top[j] if verdict.top else None)
                           for j, (t, lp) in enumerate(zip(verdict.tokens, verdict.log_probs, strict=True))]
         batch.pos = batch.pos + torch.tensor(kept, dtype=batch.pos.dtype, device=batch.pos.device)
@@ -251,8 +296,9 @@ def _scored(logits: torch.Tensor, log_z: torch.Tensor, tokens: list[int], top_n:
     return _Verdict(tokens, lps, [t or [] for t in top] if top is not None else None)
 
 
-def _context(row: Row) -> list[int]:
-    """The row's lookup context: prompt and every token chosen so far (built at first use)."""
-    if row.history is None:
-        row.history = list(row.request.prompt_ids)
-    return row.history
+def _state(row: Row) -> RowSpeculation:
+    """The row's speculation state; its lookup context (prompt and every token chosen so far) is built
+    at first use."""
+    if row.speculation is None:
+        row.speculation = RowSpeculation(list(row.request.prompt_ids))
+    return row.speculation
