@@ -2,7 +2,7 @@
 
 Two HF handlers on the embedded SmolLM2 (one with ``option.speculative_config`` ngram, one without)
 serve the same burst of greedy requests in alternated rounds (the order flips every round), each
-through DJL's rolling-batch loop in process (``RollingBatchDriver``, streaming). Two workloads:
+through DJL's rolling-batch loop in process (``RollingBatchDriver``, streaming). Four workloads:
 
 * ``copy``: chat prompts that paste a text and ask for it back edited (fix the spelling, change a
   name, turn it into a list): the answer copies long runs of the prompt, prompt lookup's best case;
@@ -10,20 +10,25 @@ through DJL's rolling-batch loop in process (``RollingBatchDriver``, streaming).
   slices of a five-sentence text repeated, as prompts, 12-123 new tokens): the model continues the
   repetition, so this one is copy-friendly too;
 * ``fresh``: short chat questions with nothing to copy (a poem, an explanation, a list): lookup finds
-  few candidates and most are rejected, the cost side.
+  few candidates and most are rejected, the cost side;
+* ``blend``: half of each in one burst (copy and fresh prompts alternating): rows that pay for
+  verification next to rows that do not.
 
 Before the rounds each handler serves one short unmeasured burst (first-use costs: kernel shapes,
 allocations).
 
 Per round and workload: generated tokens per second of the whole burst and median time to first
 token of each handler, their ratios (with / without), the acceptance rate and tokens per row and step
-of the speculating engine, and whether the answers are identical (greedy: they must be). Results:
+of the speculating engine, the steps it ran plain although rows had candidates (verifying them was
+not expected to pay), the load average, and whether the answers are identical (greedy: they must
+be). Results:
 ``benchmarks/results/speculative.json``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -123,8 +128,9 @@ def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str,
     ngram = ngram or NGRAM
     spec, plain = _service(model_dir, dtype, ngram), _service(model_dir, dtype, None)
     tokenizer = plain.engine.tokenizer
-    workloads = {"copy": copy_workload(tokenizer, n, new_tokens), "mixed": mixed_prompts(tokenizer, n),
-                 "fresh": fresh_workload(tokenizer, n, new_tokens)}
+    copy, fresh = copy_workload(tokenizer, n, new_tokens), fresh_workload(tokenizer, n, new_tokens)
+    workloads = {"copy": copy, "mixed": mixed_prompts(tokenizer, n), "fresh": fresh,
+                 "blend": [(copy if i % 2 == 0 else fresh)[i // 2] for i in range(n)]}
     for service in (spec, plain):  # first-use costs out of the measured rounds
         burst(service, copy_workload(tokenizer, n, 8))
     report: dict[str, Any] = {"rounds": rounds, "n": n, "dtype": dtype, "ngram": ngram, "workloads": {}}
@@ -138,6 +144,7 @@ def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str,
             drafted = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
             accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
             row_steps = after["spec_decode_num_row_steps"] - before["spec_decode_num_row_steps"]
+            declined = after["spec_decode_num_declined_steps"] - before["spec_decode_num_declined_steps"]
             identical = identical and got["on"]["texts"] == got["off"]["texts"]
             on, off = got["on"], got["off"]
             rows.append({"round": round_index + 1, "first": order[0][0], "tok_s_on": rnd(on["tok_s"], 1),
@@ -146,7 +153,7 @@ def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str,
                          "ttft_ratio": rnd(on["ttft_p50_s"] / off["ttft_p50_s"], 3),
                          "acceptance_rate": rnd(accepted / drafted if drafted else 0.0, 3),
                          "tokens_per_row_step": rnd(1 + accepted / row_steps if row_steps else 1.0, 3),
-                         "tokens": on["tokens"]})
+                         "declined_steps": declined, "load_1m": rnd(os.getloadavg()[0], 2), "tokens": on["tokens"]})
         report["workloads"][name] = {
             "rows": rows, "identical_answers": identical,
             "tok_s_ratio_median": rnd(median([r["tok_s_ratio"] for r in rows]), 3),
@@ -156,7 +163,7 @@ def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str,
 
 
 COLUMNS = ["round", "first", "tok_s_on", "tok_s_off", "tok_s_ratio", "ttft_on_ms", "ttft_off_ms", "ttft_ratio",
-           "acceptance_rate", "tokens_per_row_step"]
+           "acceptance_rate", "tokens_per_row_step", "declined_steps", "load_1m"]
 
 
 def run(quick: bool, rounds: int = 4, n: int = 8, new_tokens: int = 64, dtype: str = "fp32",

@@ -8,9 +8,10 @@ against the measured cost of a wider forward, and picks the verify width ``w`` (
 the most expected tokens per second; ``w = 0``, the plain decode step, unless a width beats it by a
 margin. So rows whose text cannot be predicted stop paying for verification (their candidates still
 ride along, for free, in a step that verifies for others), and are probed again once their record
-has faded. When the step verifies, it cuts every row's candidates at ``w`` and feeds ``[pending, candidates..., filler]`` for every row in one forward of ``[B, 1 + K]`` (``K`` the
-most candidates of any row; a row with fewer is filled with copies of its pending token, real
-columns of the mask so that every row stays "left padding, then causal": a position never attends
+has faded. When the step verifies, it cuts every row's candidates at ``w`` and feeds ``[pending,
+candidates..., filler]`` for every row in one forward of ``[B, 1 + K]`` (``K`` the most candidates
+of any row, at most ``w``; a row with fewer is filled with copies of its pending token, real columns
+of the mask so that every row stays "left padding, then causal": a position never attends
 to the fillers after it) and reads the logits of every position. Then, per row:
 
 * **rows without candidates** (no match, a grammar, no room left under ``max_new_tokens`` or the
