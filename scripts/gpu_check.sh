@@ -38,6 +38,7 @@ elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
 else PY=python3
 fi
 CARRY=build/gpu-check
+MODELS=build/gpu-check-models  # random models built here, beside (not in) the folder to carry
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -85,7 +86,7 @@ model() {
   MODEL_DIR=${line%%$'\t'*}
   MODEL_WHAT=${line#*$'\t'}
 }
-model "$CARRY/model-smollm2-135m"
+model "$MODELS/smollm2-135m"
 export DJL_HANDLERS_GPU_MODEL="$MODEL_DIR"
 echo "gpu_check: model $MODEL_WHAT ($MODEL_DIR)"
 case "$MODEL_WHAT" in
@@ -106,7 +107,7 @@ if [ "$MODE" = --dry-run ]; then
     else echo "gpu_check: would run $PY -m benchmarks.gpu_check $args"; fi
   done
   [ -z "$EXTRA" ] || echo "gpu_check: would build the random $EXTRA and run --n 32 --dtype bf16 on it"
-  model "$CARRY/model-llama-tiny" --shape llama-tiny
+  model "$MODELS/llama-tiny" --shape llama-tiny
   echo "gpu_check: tiny CPU run on $MODEL_WHAT"
   DJL_HANDLERS_GPU_MODEL="$MODEL_DIR" "$PY" -m benchmarks.gpu_check --n 2 --dtype fp32 --device cpu --prompt-max 256 --decode-graphs static \
     | "$PY" -c "import json,sys; print(json.dumps(json.load(sys.stdin)))" | summary
@@ -153,7 +154,7 @@ for args in "${STEPS[@]}"; do
   bench $args
 done
 if [ -n "$EXTRA" ] && [ "$(budget)" != 0 ]; then
-  model "$CARRY/model-$EXTRA" --shape "$EXTRA" --weights-dtype bfloat16
+  model "$MODELS/$EXTRA" --shape "$EXTRA" --weights-dtype bfloat16
   export DJL_HANDLERS_GPU_MODEL="$MODEL_DIR"
   bench --n 32 --dtype bf16
 elif [ -n "$EXTRA" ]; then echo "gpu_check: $EXTRA skipped (time budget spent)"; status=1
