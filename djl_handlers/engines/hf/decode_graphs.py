@@ -30,7 +30,9 @@ so its graphs serve the next batch; under a bound, one larger than the running r
 (:meth:`DecodeGraphs.need_bytes`) gives way to a request it keeps out (:meth:`DecodeGraphs.yield_room`).
 
 Modes: ``static`` runs the bucketed forward eagerly (any device; how the CPU tests it), ``cuda_graphs``
-captures one graph per (rows, columns) bucket at its first use and replays it, ``compile`` wraps the
+captures one graph per (rows, columns) bucket at its first use and replays it (the graphs share one
+memory pool and write their logits into one buffer outside it, so no bucket keeps memory of its own
+in the pool between replays), ``compile`` wraps the
 bucketed forward in ``torch.compile`` (``mode="reduce-overhead"`` on CUDA, which replays graphs
 itself; the buffers the step reads and writes in place are marked static, as graph trees skip graphs
 for a function that mutates its other inputs). A step that does not fit (more rows than the largest
@@ -163,6 +165,7 @@ class DecodeGraphs:
         self._mirrored: _Mirrored | None = None
         self._logged: set[str] = set()
         self._pool: Any = None
+        self._out: torch.Tensor | None = None  # cuda_graphs: the logits every graph writes (rows, vocab)
         self.stats = {"static_steps": 0, "eager_steps": 0, "captures": 0, "mirror_loads": 0,
                       "mirror_allocations": 0, "over_bound_steps": 0, "mirror_yields": 0}
 
@@ -247,8 +250,9 @@ class DecodeGraphs:
         self.release()
 
     def release(self) -> None:
-        """Drop every bucket (graphs, compiled code) and the mirror's buffers."""
+        """Drop every bucket (graphs, compiled code), the mirror's buffers and the graphs' output."""
         self._buckets.clear()
+        self._out = None
         self._mirrored = None
         self._k, self._v = [], []
 
@@ -369,14 +373,23 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._eager(bucket)
+                warm = self._eager(bucket)
         torch.cuda.current_stream().wait_stream(stream)
+        if self._out is None:
+            # every graph writes its logits into this one buffer, outside the graphs' pool: a graph's
+            # own output would stay allocated in the pool for as long as the graph, one per bucket
+            self._out = warm.new_empty((self.sizes[-1], warm.shape[1]))
+        out = self._out[: bucket.rows]
+        if out.shape != warm.shape or out.dtype != warm.dtype:
+            raise RuntimeError(f"logits {tuple(warm.shape)} {warm.dtype} do not fit the graphs' output buffer")
+        del warm
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA call (a metrics read) does not break this capture
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            bucket.logits = self._eager(bucket)
+            out.copy_(self._eager(bucket))
+        bucket.logits = out
         bucket.graph = graph
         self.stats["captures"] += 1
         LOG.info("decode graphs: captured rows=%d columns=%d", bucket.rows, bucket.width)
