@@ -216,3 +216,20 @@ def test_the_engine_stats_carry_the_mirror_bytes_to_metrics(tiny_model: Any) -> 
     metrics = Metrics("m")
     metrics.engine_stats(engine.kv_cache_usage())
     assert metrics.registry.get_sample_value("djl_handlers_kv_cache_mirror_bytes", {"model": "m"}) == mirror
+
+
+MANY = ["Hello there", "The capital of France is a city that", "x", "Deep learning is",
+        "One two three four five six seven eight nine ten", "a b c", "Once upon a time", "Why"]
+MANY_NEWS = (70, 9, 40, 12, 50, 3, 25, 60)
+
+
+@pytest.mark.parametrize("cells", [160, 300])
+def test_rows_joining_in_waves_stay_within_the_bound_and_exact(tiny_model: Any, cells: int) -> None:
+    model, tok = tiny_model
+    prompts = [tok.encode(p) for p in MANY]
+    engine = _engine(model, tok, cells * bytes_per_token(model))
+    got, _ = _run(engine, prompts, MANY_NEWS, (0, 0, 0, 9, 9, 20, 30, 31))
+    assert got == dict(enumerate(generate_tokens(model, prompts, list(MANY_NEWS))))
+    stats = engine.decode_graphs.stats
+    # every path taken: static steps, steps whose mirror did not fit, mirrors that gave way to a request
+    assert stats["static_steps"] > 0 and stats["over_bound_steps"] > 0 and stats["mirror_yields"] > 0, stats
