@@ -40,7 +40,7 @@ def _engine(model: Any, tok: Any, bound: int | None, graphs: bool = True) -> HFE
 
 def _mirror_tensors(engine: HFEngine) -> list[torch.Tensor]:
     graphs = engine.decode_graphs
-    return [*graphs._k, *graphs._v] if graphs is not None else []
+    return [*graphs.mirror.keys, *graphs.mirror.values] if graphs is not None else []
 
 
 def _run(engine: HFEngine, prompts: list[list[int]], news: tuple[int, ...], joins: tuple[int, ...]
@@ -200,7 +200,7 @@ def test_column_buckets_stop_at_the_context_length(tiny_model: Any) -> None:
     graphs = engine.decode_graphs
     assert graphs is not None
     assert _run_unbounded(engine, [ids], (new,)) == {0: generate_tokens(model, [ids], [new])[0]}
-    assert {k.shape[2] for k in graphs._k} == {80}  # not 128: no row is wider than the context
+    assert {k.shape[2] for k in graphs.mirror.keys} == {80}  # not 128: no row is wider than the context
     assert graphs.stats["eager_steps"] == 0 and graphs.stats["static_steps"] > 0
 
 

@@ -8,9 +8,9 @@ addresses, so a step here runs on a **mirror** of the slab with bucketed shapes:
 - rows padded up to a capture size (``option.cudagraph_capture_sizes``; vLLM's default sizes
   1, 2, 4, then every multiple of 8 up to the batch limit), columns up to a power of two (at least
   :data:`MIN_WIDTH`, at most the model's context length);
-- one mirror K/V buffer per layer, beside that layer's slab (its device, dtype and head shape),
-  shared by every bucket (a view of its first rows and columns), zeroed when allocated and grown
-  (all graphs dropped) when a larger bucket is needed;
+- one mirror K/V buffer per layer (:mod:`djl_handlers.engines.hf.kv_mirror`), beside that layer's
+  slab (its device, dtype and head shape), shared by every bucket (a view of its first rows and
+  columns), zeroed when allocated and grown (all graphs dropped) when a larger bucket is needed;
 - the row's ``T`` cached columns sit at ``[0, T)``, the step writes column ``T`` (an index held in a
   device tensor, so a replay writes where the step says); the boolean mask lets a real row see its
   own real columns and its new one only, and a padding row only its new column: padded rows and
@@ -43,7 +43,6 @@ a failed capture turns the mode off for good; each such reason is logged once.
 from __future__ import annotations
 
 import logging
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +52,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from djl_handlers.engines.hf.batch import KVBatch
+from djl_handlers.engines.hf.kv_mirror import KVMirror, cell_bytes
 
 __all__ = ["MIN_WIDTH", "MODES", "DecodeGraphs", "capture_sizes", "resolve_mode", "width_bucket"]
 
@@ -132,17 +132,6 @@ class _Bucket:
     uses: int = 0
 
 
-@dataclass
-class _Mirrored:
-    """What the mirror holds: the rows (in order) and the slab view of the first layer it copied,
-    held by weak references (the batch owns them; a freed one never matches again)."""
-
-    rows: list[weakref.ref[Any]]
-    storage: weakref.ref[Any]
-    shape: tuple[int, ...] = field(default=())
-    offset: int = -1
-
-
 class DecodeGraphs:
     """The engine's static-shape decode step (see the module docstring).
 
@@ -160,9 +149,7 @@ class DecodeGraphs:
         self.sizes = tuple(sorted(sizes))
         self.disabled: str | None = None  # why the mode was turned off for good
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self._k: list[torch.Tensor] = []
-        self._v: list[torch.Tensor] = []
-        self._mirrored: _Mirrored | None = None
+        self.mirror = KVMirror()  # the K/V buffers every bucket views (engines/hf/kv_mirror.py)
         self._logged: set[str] = set()
         self._pool: Any = None
         self._out: torch.Tensor | None = None  # cuda_graphs: the logits every graph writes (rows, vocab)
@@ -185,13 +172,9 @@ class DecodeGraphs:
             self.stats["eager_steps"] += 1
             return None
         rows, cached = len(batch.rows), batch.width - 1
-        layers = batch.layers
         bucket = self._bucket(self._size(rows), self._width(cached + 1))
-        if not self._holds(batch):
-            for layer, k, v in zip(layers, self._k, self._v, strict=True):
-                keys, values = layer.views()
-                k[:rows, :, :cached].copy_(keys)
-                v[:rows, :, :cached].copy_(values)
+        if not self.mirror.holds(batch):
+            self.mirror.load(batch)
             self.stats["mirror_loads"] += 1
         self._fill(bucket, batch, rows, cached)
         try:
@@ -202,9 +185,7 @@ class DecodeGraphs:
             self.release()
             self.stats["eager_steps"] += 1
             return None
-        for layer, k, v in zip(layers, self._k, self._v, strict=True):
-            layer.update(k[:rows, :, cached : cached + 1], v[:rows, :, cached : cached + 1])
-        self._remember(batch)
+        self.mirror.write_back(batch)
         self.stats["static_steps"] += 1
         return logits[:rows].clone()
 
@@ -235,14 +216,14 @@ class DecodeGraphs:
     # ------------------------------------------------------------------ the mirror
     def mirror_bytes(self) -> int:
         """Bytes the mirror's K/V buffers hold (0 when none is allocated)."""
-        return sum(t.numel() * t.element_size() for t in (*self._k, *self._v))
+        return self.mirror.nbytes()
 
     def need_bytes(self, batch: KVBatch | None) -> int:
         """Bytes of the mirror ``batch``'s next decode step needs (0: no batch, or its step would not
         take the static path)."""
         if batch is None or not batch.rows or self.disabled is not None or len(batch.rows) > self.sizes[-1]:
             return 0
-        return self._size(len(batch.rows)) * self._width(batch.width + 1) * _cell_bytes(batch.layers)
+        return self._size(len(batch.rows)) * self._width(batch.width + 1) * cell_bytes(batch.layers)
 
     def yield_room(self) -> None:
         """Release the mirror for a request waiting for its room (counted in ``stats``)."""
@@ -253,71 +234,38 @@ class DecodeGraphs:
         """Drop every bucket (graphs, compiled code), the mirror's buffers and the graphs' output."""
         self._buckets.clear()
         self._out = None
-        self._mirrored = None
-        self._k, self._v = [], []
+        self.mirror.clear()
 
     def _ensure_mirror(self, layers: Sequence[Any], rows: int, width: int, room: int | None) -> str | None:
-        """Mirror buffers of at least ``rows`` x ``width`` beside each slab layer (zeros; a new one
-        drops every bucket): the current one when it covers them, else one covering both it and them
-        when that fits ``room`` bytes, else exactly ``rows`` x ``width``. None, or why no mirror fits."""
-        if self._covers(layers, rows, width):
+        """Mirror buffers of at least ``rows`` x ``width`` (a new one drops every bucket): the current
+        one when it covers them, else one covering both it and them when that fits ``room`` bytes,
+        else exactly ``rows`` x ``width``. None, or why no mirror fits."""
+        mirror = self.mirror
+        if mirror.covers(layers, rows, width):
             return None
-        cell = _cell_bytes(layers)
-        if self._k and self._matches(layers):
-            grown = (max(rows, self._k[0].shape[0]), max(width, self._k[0].shape[2]))
+        cell = cell_bytes(layers)
+        if mirror.matches(layers):
+            grown = (max(rows, mirror.shape[0]), max(width, mirror.shape[1]))
             if room is None or grown[0] * grown[1] * cell <= room:
                 rows, width = grown
         self.release()  # before allocating: the old and the new mirror never coexist
         if room is not None and rows * width * cell > room:
             return "the mirror does not fit beside the running rows' KV within option.kv_cache_memory_bytes"
-        for layer in layers:
-            keys, values = layer.views()
-            self._k.append(keys.new_zeros((rows, keys.shape[1], width, keys.shape[3])))
-            self._v.append(values.new_zeros((rows, values.shape[1], width, values.shape[3])))
+        mirror.allocate(layers, rows, width)
         self.stats["mirror_allocations"] += 1
         return None
-
-    def _matches(self, layers: Sequence[Any]) -> bool:
-        """Whether each mirror buffer has its slab layer's device, dtype, heads and head size."""
-        if len(self._k) != len(layers):
-            return False
-        for layer, k, v in zip(layers, self._k, self._v, strict=True):
-            for mirror, slab in zip((k, v), layer.views(), strict=True):
-                if (mirror.device != slab.device or mirror.dtype != slab.dtype
-                        or mirror.shape[1] != slab.shape[1] or mirror.shape[3] != slab.shape[3]):
-                    return False
-        return True
-
-    def _covers(self, layers: Sequence[Any], rows: int, width: int) -> bool:
-        return bool(self._k) and self._k[0].shape[0] >= rows and self._k[0].shape[2] >= width and self._matches(layers)
-
-    def _holds(self, batch: KVBatch) -> bool:
-        """Whether the mirror already holds ``batch``'s KV (same rows, same slab view as recorded)."""
-        held = self._mirrored
-        if held is None or len(held.rows) != len(batch.rows):
-            return False
-        if any(a() is not b for a, b in zip(held.rows, batch.rows, strict=True)):
-            return False
-        view = batch.layers[0].views()[0]
-        # torch keeps one Python object per live storage: the same object is the same slab
-        return (held.storage() is view.untyped_storage()
-                and tuple(view.shape) == held.shape and view.storage_offset() == held.offset)
-
-    def _remember(self, batch: KVBatch) -> None:
-        view = batch.layers[0].views()[0]
-        self._mirrored = _Mirrored([weakref.ref(row) for row in batch.rows], weakref.ref(view.untyped_storage()),
-                                   tuple(view.shape), int(view.storage_offset()))
 
     # ------------------------------------------------------------------ buckets
     def _bucket(self, rows: int, width: int) -> _Bucket:
         found = self._buckets.get((rows, width))
         if found is not None:
             return found
-        device = self._k[0].device
+        keys, values = self.mirror.keys, self.mirror.values
+        device = keys[0].device
         # the new column's index, one per device the layers live on (a model split by device_map)
-        columns = {k.device: torch.zeros(1, dtype=torch.long, device=k.device) for k in self._k}
+        columns = {k.device: torch.zeros(1, dtype=torch.long, device=k.device) for k in keys}
         layers = [_MirrorLayer(k[:rows, :, :width], v[:rows, :, :width], columns[k.device])
-                  for k, v in zip(self._k, self._v, strict=True)]
+                  for k, v in zip(keys, values, strict=True)]
         cache = DynamicCache(config=self.model.config)
         cache.layers = list(layers)
         bucket = _Bucket(rows, width, ids=torch.zeros((rows, 1), dtype=torch.long, device=device),
@@ -394,11 +342,3 @@ class DecodeGraphs:
         self.stats["captures"] += 1
         LOG.info("decode graphs: captured rows=%d columns=%d", bucket.rows, bucket.width)
 
-
-def _cell_bytes(layers: Sequence[Any]) -> int:
-    """Bytes one (row, column) cell takes over every layer's keys and values (as in the slab)."""
-    total = 0
-    for layer in layers:
-        for t in layer.views():
-            total += t.shape[1] * t.shape[3] * t.element_size()
-    return total
