@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import gc
 import weakref
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -233,3 +234,17 @@ def test_rows_joining_in_waves_stay_within_the_bound_and_exact(tiny_model: Any, 
     stats = engine.decode_graphs.stats
     # every path taken: static steps, steps whose mirror did not fit, mirrors that gave way to a request
     assert stats["static_steps"] > 0 and stats["over_bound_steps"] > 0 and stats["mirror_yields"] > 0, stats
+
+
+def test_the_options_together(tiny_dir: Path) -> None:
+    from djl_handlers.config.models import ServingConfig
+
+    props = {"model_id": str(tiny_dir), "rolling_batch": "scheduler", "decode_graphs": "static",
+             "kv_cache_memory_bytes": "300K"}
+    engine = HFEngine.from_config(ServingConfig.from_properties(props, engine="huggingface"))
+    assert engine.decode_graphs is not None and engine.kv_cache_max_bytes == 300 * 1024
+    ids = engine.tokenizer.encode("Deep learning is")
+    got, _ = _run(engine, [ids], (12,), (0,))
+    assert got == {0: generate_tokens(engine.model, [ids], [12])[0]}
+    usage = engine.kv_cache_usage()
+    assert 0 < usage["kv_cache_mirror_bytes"] <= usage["kv_cache_max_bytes"]
