@@ -32,10 +32,10 @@ so its graphs serve the next batch; under a bound, one larger than the running r
 Modes: ``static`` runs the bucketed forward eagerly (any device; how the CPU tests it), ``cuda_graphs``
 captures one graph per (rows, columns) bucket at its first use and replays it (the graphs share one
 memory pool and write their logits into one buffer outside it, so no bucket keeps memory of its own
-in the pool between replays), ``compile`` wraps the
-bucketed forward in ``torch.compile`` (``mode="reduce-overhead"`` on CUDA, which replays graphs
-itself; the buffers the step reads and writes in place are marked static, as graph trees skip graphs
-for a function that mutates its other inputs). A step that does not fit (more rows than the largest
+in the pool between replays), ``compile`` wraps the bucketed forward in ``torch.compile``
+(``mode="reduce-overhead"`` on CUDA, which replays graphs itself; the buffers the step reads and
+writes in place are marked static, as graph trees skip graphs for a function that mutates its other
+inputs). A step that does not fit (more rows than the largest
 capture size, a slab that is not the engine's, a mirror over the bound) takes the dynamic forward, and
 a failed capture turns the mode off for good; each such reason is logged once.
 """
