@@ -257,7 +257,8 @@ class HFEngine:
 
     def use_decode_graphs(self, mode: str, sizes: Sequence[int] | None = None) -> None:
         """Run decode steps on static shapes (``static``, ``cuda_graphs`` or ``compile``; see
-        :mod:`.decode_graphs`), rows bucketed to ``sizes`` (None: vLLM's default sizes). Not with
+        :mod:`.decode_graphs`), rows bucketed to ``sizes`` (None: vLLM's default sizes); their KV
+        mirror counts against ``kv_cache_max_bytes`` (``_kv_fits``, ``_mirror_room``). Not with
         LoRA: per-row adapters are applied by hooks a captured graph would freeze."""
         if self.lora is not None:
             LOG.info("decode graphs: off with LoRA adapters (option.enable_lora)")
