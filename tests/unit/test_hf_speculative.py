@@ -306,15 +306,14 @@ def test_lora_rows_speculate_with_their_adapter(tiny_model: Any, tmp_path: Path)
 # -- when verifying does not pay -----------------------------------------------------------------------------
 def test_declined_steps_keep_greedy_output_bit_for_bit_and_the_counters_true(tiny_dir: Path) -> None:
     """A cost model under which verifying is dear (a forward's fixed cost worth 8 tokens: with 5 rows
-    a [5, 2] forward costs 1.4 plain ones), timings ignored so the decisions are the counts' alone
-    (deterministic): some steps run plain though rows have candidates, others verify; the tokens,
-    log-probs and top tokens stay those of plain decoding, and every emitted token is a row-step's or an
-    accepted candidate."""
+    a [5, 2] forward costs 1.4 plain ones): some steps run plain though rows have candidates, others
+    verify; the tokens, log-probs and top tokens stay those of plain decoding, and every emitted token
+    is a row-step's or an accepted candidate."""
     props = {"model_id": str(tiny_dir), "rolling_batch": "scheduler", "dtype": "fp32", "cpu_threads": "fixed"}
     plain_engine = HFEngine.from_config(ServingConfig.from_properties(props))
     engine = HFEngine.from_config(ServingConfig.from_properties({**props, "speculative_config": NGRAM}))
     assert engine.speculator is not None
-    engine.speculator.cost = StepCost(8.0, learn=False)
+    engine.speculator.cost = StepCost(8.0)
     tok = engine.tokenizer
     news, joins = [16, 12, 14, 18, 15], [0, 0, 1, 1, 2]
     got = run(engine, requests(tok, news, details=True), joins)

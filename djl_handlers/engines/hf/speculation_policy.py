@@ -1,13 +1,16 @@
 """When prompt-lookup speculation pays: each row's acceptance estimate, the decode step's cost model,
 and the verify width a step uses (0: the plain step).
 
-The rule, per decode step (the "goodput" of vLLM's SmartSpec work, tokens per second, read rather than
-copied): a step that verifies ``w`` columns feeds ``B * (1 + w)`` tokens for ``B`` rows and yields ``B``
-tokens plus the accepted candidates; a plain step feeds and yields ``B``. With ``t(n)`` the time of a
-forward that feeds ``n`` tokens, the step picks the ``w`` in ``0..K`` with the most expected tokens per
-second, ``(B + sum_i E_i(w)) / t(B * (1 + w))``; ``w = 0`` is the plain step, which a verifying
-width must beat by :data:`MARGIN` (the estimates are noisy, and the steps picked for a high estimate
-are those whose estimate erred upwards).
+The rule, per decode step: a step that verifies ``w`` columns feeds ``B * (1 + w)`` tokens for ``B``
+rows, and row ``i`` gets ``1 + E_i(w)`` tokens from it (``E_i``: its expected accepted candidates); a
+plain step feeds ``B`` and gives each row one. With ``t(n)`` the time of a forward that feeds ``n``
+tokens, the step picks the ``w`` in ``0..K`` that gives the rows the least mean time per token,
+``t(B * (1 + w)) * mean_i 1 / (1 + E_i(w))``; ``w = 0`` is the plain step. The wide step's extra
+time, ``t(B * (1 + w)) - t(B)``, counts :data:`MARGIN` more than modelled: the estimates are noisy,
+and the steps picked for a good estimate are those whose estimate erred upwards. Per row, not per
+batch: the batch's tokens per second (the "goodput" of vLLM's SmartSpec work) would let rows that
+copy buy a wide step with the time of rows that cannot, which get one token each from it; and a
+burst ends with its slowest rows.
 
 * **Expected accepted tokens** ``E_i(w)``: candidates are accepted one after the other with
   probability ``a`` each until the first rejection, so ``m`` of them bring ``a + a^2 + ... + a^m``
@@ -21,20 +24,18 @@ are those whose estimate erred upwards).
   paying for steps; as its record fades it is estimated by the engine's rates again, and verified when
   that pays (a probe). When nothing is verified for long, the engine's rates fade back to
   :data:`PRIOR_RATE`, so a workload that turned predictable is tried again.
-* **Step time** ``t(n) = fixed + per_token * n``: fitted (least squares, fading by :data:`COST_DECAY`
-  per step) to the measured wall time of recent steps, plain and verifying; until the steps seen
-  spread enough, the line keeps the shape of :data:`PRIOR_FIXED_TOKENS` (how many tokens the fixed
-  cost of a forward is worth: on a CPU a few tens, on a GPU hundreds), scaled to the measured times.
-  On 2 CPU cores with a 135M model, 8 rows: a plain step ~45 ms, ``w = 4`` ~96 ms, so the four
-  candidates of each row must bring more than one accepted token on average; with one row, ``w = 4``
-  costs ~15 % more than a plain step, which a quarter of a token accepted per step pays for (with
-  the margin).
+* **Step time** ``t(n) = fixed + per_token * n``, in units of ``per_token``: ``FIXED_TOKENS + n``
+  (:data:`FIXED_TOKENS`, by device type), so a verifying step costs ``(F + B (1 + w)) / (F + B)``
+  plain ones. On 2 CPU cores with a 135M model, 8 rows: ``w = 4`` costs ~2.3 plain steps, so the
+  four candidates of each row must bring more than 1.3 accepted tokens on average (1.9 with the
+  margin); with one row ``w = 4`` costs ~1.24 plain steps. A fixed shape, not measured times: on a
+  shared machine the times of neighbouring steps differ by more than the effect, and fixed, the
+  decisions depend only on the tokens, so a run is reproducible.
 
 Rows with candidates all verify them in a step that verifies (cut at ``w``): the filler columns of a
 row with none cost the same, so a row that would not pay for a step rides along for free (and its
-rate learns from it). The decisions depend on measured times: greedy output is the same either way,
-and sampling keeps its distribution, but a seeded sampling request is not reproducible draw for draw
-(which steps verified differs between runs).
+record learns from it). Greedy output is the same whichever steps verify, and sampling keeps its
+distribution.
 """
 
 from __future__ import annotations
@@ -43,13 +44,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["COST_DECAY", "MARGIN", "PRIOR_DRAFTS", "PRIOR_FIXED_TOKENS", "PRIOR_RATE", "RATE_DECAY", "ROW_DECAY",
-           "ROW_PRIOR_TOKENS",
+__all__ = ["FIXED_TOKENS", "MARGIN", "PRIOR_DRAFTS", "PRIOR_RATE", "RATE_DECAY", "ROW_DECAY", "ROW_PRIOR_TOKENS",
            "AcceptanceRates", "Evidence", "RowSpeculation", "StepCost", "expected_accepted", "verify_width"]
 
 #: The acceptance rate (per candidate) assumed before any draft of a match length was verified.
 PRIOR_RATE = 0.6
-#: How many drafts' worth of weight the prior (engine level) and the engine's rate (row level) carry.
+#: How many drafts' worth of weight the prior carries in the engine's rate of a match length.
 PRIOR_DRAFTS = 2.0
 #: The engine's counts per match length fade by this per decode step (about 50 steps of memory).
 RATE_DECAY = 0.98
@@ -57,13 +57,14 @@ RATE_DECAY = 0.98
 ROW_DECAY = 0.95
 #: The weight of the neutral record (as expected) in a row's factor, in accepted tokens.
 ROW_PRIOR_TOKENS = 1.0
-#: Verify only when the expected tokens per second beat the plain step's by this share: the estimates
-#: are noisy, and the steps chosen for a high estimate are those whose estimate erred upwards.
-MARGIN = 0.1
-#: The step timings fade by this per step (about the last 30 steps).
-COST_DECAY = 0.97
-#: Before the timings spread: a forward's fixed cost in tokens fed, by device type (default: "other").
-PRIOR_FIXED_TOKENS = {"cpu": 32.0, "other": 512.0}
+#: A wide step's extra time counts this share more than modelled (noisy estimates, chosen when high).
+MARGIN = 0.4
+#: A forward's fixed cost in tokens fed, by device type ("other": any but the CPU). Measured on 2 CPU
+#: cores (SmolLM2-135M, fp32, the CPU kernels): ``t(n) ~ 33 ms + 1.45 ms * n`` quiet, ~17-20 tokens
+#: under load; this is the machine's balance of memory bandwidth to compute, so about the same for a
+#: larger model on the same CPU, and some hundreds on a GPU, whose decode step barely grows with a few
+#: more tokens per row. Erring low only makes the rule verify less often.
+FIXED_TOKENS = {"cpu": 16.0, "other": 256.0}
 
 
 @dataclass
@@ -131,53 +132,29 @@ class AcceptanceRates:
         self.evidence.setdefault(match, Evidence()).add(accepted, drafted)
 
 
+@dataclass(frozen=True)
 class StepCost:
-    """A decode step's wall time as ``fixed + per_token * tokens fed``, fitted to recent steps (with
-    ``learn=False`` the prior's shape only: the decisions then depend on the counts alone)."""
+    """A decode step's time as ``fixed_tokens + tokens fed``, in the time one fed token takes: the
+    forward's fixed cost (reading the weights, launching the layers) worth ``fixed_tokens`` tokens."""
 
-    def __init__(self, prior_fixed_tokens: float, learn: bool = True) -> None:
-        self.prior_fixed_tokens = prior_fixed_tokens
-        self.learn = learn
-        self._w = self._n = self._nn = self._t = self._nt = 0.0  # fading weighted sums
+    fixed_tokens: float
+
+    @classmethod
+    def for_device(cls, kind: str) -> StepCost:
+        """The model for a device type (``"cpu"``, ``"cuda"``, ...): :data:`FIXED_TOKENS`."""
+        return cls(FIXED_TOKENS.get(kind, FIXED_TOKENS["other"]))
 
     @classmethod
     def free(cls) -> StepCost:
-        """Verifying costs nothing more than a plain step: every step with a candidate verifies."""
-        return cls(math.inf, learn=False)
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        """A step that fed ``tokens`` tokens took ``seconds``."""
-        if not self.learn:
-            return
-        d = COST_DECAY
-        self._w, self._n, self._nn = d * self._w + 1.0, d * self._n + tokens, d * self._nn + tokens * tokens
-        self._t, self._nt = d * self._t + seconds, d * self._nt + tokens * seconds
-
-    def line(self) -> tuple[float, float] | None:
-        """``(fixed, per_token)`` in seconds, None before any step was timed. Least squares over the
-        fading sums plus a prior line through their mean with the prior's shape, weighing as two steps
-        spread over ``0..2 * mean`` (so the data decides once plain and verifying steps both occurred)."""
-        if self._w <= 0.0:
-            return None
-        mean_n, mean_t = self._n / self._w, self._t / self._w
-        var = max(self._nn / self._w - mean_n * mean_n, 0.0)
-        cov = self._nt / self._w - mean_n * mean_t
-        prior_slope = mean_t / (self.prior_fixed_tokens + mean_n)
-        spread = 2.0 * mean_n * mean_n  # two pseudo-steps at 0 and 2 * mean: weight times variance
-        slope = max((self._w * cov + spread * prior_slope) / (self._w * var + spread), 0.0)
-        fixed = max(mean_t - slope * mean_n, 0.0)
-        return fixed, slope
+        """Verifying costs nothing more than a plain step: every step with a candidate that clears the
+        margin verifies."""
+        return cls(math.inf)
 
     def ratio(self, rows: int, width: int) -> float:
         """The time of a step verifying ``width`` columns over a plain step's, for ``rows`` rows."""
-        line = self.line()
-        if line is None and math.isinf(self.prior_fixed_tokens):
+        if math.isinf(self.fixed_tokens):
             return 1.0
-        fixed, slope = line if line is not None else (self.prior_fixed_tokens, 1.0)
-        plain = fixed + slope * rows
-        if plain <= 0.0:
-            return 1.0
-        return (fixed + slope * rows * (1 + width)) / plain
+        return (self.fixed_tokens + rows * (1 + width)) / (self.fixed_tokens + rows)
 
 
 def expected_accepted(rate: float, count: int) -> float:
@@ -190,15 +167,15 @@ def expected_accepted(rate: float, count: int) -> float:
 
 
 def verify_width(gains: Sequence[Sequence[float]], cost: StepCost) -> int:
-    """The verify width with the most expected tokens per second for a step of ``len(gains)`` rows
+    """The verify width that gives the rows of a step (``len(gains)``) the least mean time per token
     (``gains[i][w - 1]``: row ``i``'s expected accepted candidates when it verifies ``w``, as many
-    entries as it has candidates); 0: the plain step, also unless the best beats it by :data:`MARGIN`."""
+    entries as it has candidates); 0: the plain step. The wide step's extra time counts
+    :data:`MARGIN` more than the model says."""
     rows = len(gains)
-    plain = float(rows)  # the plain step: one token per row per unit of time
-    best_width, best = 0, plain * (1.0 + MARGIN)
+    best_width, best = 0, float(rows)  # the plain step: one step's time per token, each row
     for width in range(1, max((len(g) for g in gains), default=0) + 1):
-        gain = sum(g[min(width, len(g)) - 1] for g in gains if g)
-        value = (rows + gain) / cost.ratio(rows, width)
-        if value > best:
+        per_token = sum(1.0 / (1.0 + g[min(width, len(g)) - 1]) if g else 1.0 for g in gains)
+        value = (1.0 + (cost.ratio(rows, width) - 1.0) * (1.0 + MARGIN)) * per_token
+        if value < best:
             best_width, best = width, value
     return best_width

@@ -4,15 +4,15 @@ A decode step with speculation: every running row proposes up to ``k`` candidate
 lookup (:mod:`.lookup`, over its own prompt and output). Then the step decides whether verifying pays
 (:mod:`.speculation_policy`): it weighs each row's expected accepted candidates (an acceptance rate
 per n-gram match length learnt from the drafts verified so far, scaled by the row's own recent record)
-against the measured cost of a wider forward, and picks the verify width ``w`` (at most ``k``) with
-the most expected tokens per second; ``w = 0``, the plain decode step, unless a width beats it by a
-margin. So rows whose text cannot be predicted stop paying for verification (their candidates still
-ride along, for free, in a step that verifies for others), and are probed again once their record
-has faded. When the step verifies, it cuts every row's candidates at ``w`` and feeds ``[pending,
-candidates..., filler]`` for every row in one forward of ``[B, 1 + K]`` (``K`` the most candidates
-of any row, at most ``w``; a row with fewer is filled with copies of its pending token, real columns
-of the mask so that every row stays "left padding, then causal": a position never attends
-to the fillers after it) and reads the logits of every position. Then, per row:
+against the cost of a wider forward (a fixed cost per forward plus one per token fed), and picks the
+verify width ``w`` (at most ``k``) with the most expected tokens per unit of time; ``w = 0``, the
+plain decode step, unless a width beats it by a margin. So rows whose text cannot be predicted stop
+paying for verification (their candidates still ride along, for free, in a step that verifies for
+others), and are probed again once their record has faded. When the step verifies, it cuts every
+row's candidates at ``w`` and feeds ``[pending, candidates..., filler]`` for every row in one forward
+of ``[B, 1 + K]`` (``K`` the most candidates of any row, at most ``w``; a row with fewer is filled
+with copies of its pending token, real columns of the mask so that every row stays "left padding,
+then causal": a position never attends to the fillers after it) and reads the logits of every position. Then, per row:
 
 * **rows without candidates** (no match, a grammar, no room left under ``max_new_tokens`` or the
   context length) take their token from the first position exactly as a plain decode step would
@@ -44,7 +44,6 @@ which tokens per row and step follow.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,7 +56,6 @@ from djl_handlers.engines.hf.lookup import lookup
 from djl_handlers.engines.hf.lora import use_rows
 from djl_handlers.engines.hf.sampling import processed_logits, top_log_probs
 from djl_handlers.engines.hf.speculation_policy import (
-    PRIOR_FIXED_TOKENS,
     AcceptanceRates,
     RowSpeculation,
     StepCost,
@@ -110,13 +108,12 @@ class Speculator:
         self.low = options.prompt_lookup_min
         self.high = options.prompt_lookup_max
         self.rates = AcceptanceRates()
-        self.cost = cost  # None: made at the first step, with the prior of the batch's device
+        self.cost = cost  # None: the model for the batch's device type, at the first step
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.row_steps = 0
         self.declined_steps = 0
-        self._plain: tuple[list[Row], float] | None = None  # a plain decode step being timed: its rows, start
 
     def stats(self) -> dict[str, Any]:
         """Running totals (vLLM's counter names) plus the acceptance rate, tokens per row-step and the
@@ -129,11 +126,7 @@ class Speculator:
                 "spec_decode_tokens_per_step": 1.0 + accepted / self.row_steps if self.row_steps else 0.0}
 
     def observe(self, rows: Sequence[Row], tokens: Sequence[int]) -> None:
-        """Record the tokens a plain step chose (each row's lookup context: prompt and output), and the
-        time of the plain decode step that :meth:`decode` handed back to the engine (the same rows)."""
-        if self._plain is not None and rows is self._plain[0] and self.cost is not None:
-            self.cost.observe(len(rows), time.perf_counter() - self._plain[1])
-            self._plain = None
+        """Record the tokens a plain step chose (each row's lookup context: prompt and output)."""
         for row, token in zip(rows, tokens, strict=True):
             if token >= 0:
                 _state(row).history.append(token)
@@ -154,22 +147,20 @@ class Speculator:
     def decode(self, engine: Any, batch: KVBatch) -> list[StepOutput] | None:
         """The decode step with verification, or None for the plain step (the engine runs it): when no
         row has a candidate, or when verifying them is not expected to pay (:func:`verify_width`)."""
-        self._plain = None
         found = self.proposals(batch, engine.max_model_len)
         rows, device = batch.rows, batch.mask.device
         self.row_steps += len(rows)
         self.rates.fade()
         for row in rows:
             _state(row).fade()
-        cost = self._step_cost(device)
+        if self.cost is None:
+            self.cost = StepCost.for_device(device.type)
         gains = [[self.rates.expected(_state(row), match, n) for n in range(1, len(c) + 1)]
                  for row, (c, match) in zip(rows, found, strict=True)]
-        width = verify_width(gains, cost)
+        width = verify_width(gains, self.cost)
         if width == 0:
             self.declined_steps += 1 if any(gains) else 0
-            self._plain = (rows, time.perf_counter())
             return None
-        started = time.perf_counter()
         cands = [c[:width] for c, _ in found]
         width = max(len(c) for c in cands)
         pending = batch.pending.tolist()
@@ -179,15 +170,7 @@ class Speculator:
         pos = batch.pos.unsqueeze(1) + torch.arange(1 + width, device=device).unsqueeze(0)
         use_rows(engine.lora, rows)
         logits = engine._forward_tail(ids, batch.mask, pos, batch.cache, 1 + width)  # [B, 1 + K, vocab]
-        outputs = self._accept(engine, batch, logits, cands, [match for _, match in found], width)
-        cost.observe(len(rows) * (1 + width), time.perf_counter() - started)
-        return outputs
-
-    def _step_cost(self, where: Any) -> StepCost:
-        if self.cost is None:
-            kind = getattr(where, "type", "other")
-            self.cost = StepCost(PRIOR_FIXED_TOKENS.get(kind, PRIOR_FIXED_TOKENS["other"]))
-        return self.cost
+        return self._accept(engine, batch, logits, cands, [match for _, match in found], width)
 
     def _accept(self, engine: Any, batch: KVBatch, logits: torch.Tensor, cands: list[list[int]],
                 matches: list[int], width: int) -> list[StepOutput]:
