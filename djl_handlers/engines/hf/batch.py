@@ -6,6 +6,8 @@ slab with spare rows and spare columns on both sides; the cache exposes the view
 columns in use (see :class:`SlabLayer`). A decode step writes one column in place instead of
 concatenating (``DynamicLayer`` copies the whole cache on every token); a join copies only the new
 rows, a leave only the rows moved into the holes, and the slab grows by ``GROW`` columns when full.
+Under ``option.kv_cache_memory_bytes`` the slabs' allocated capacity, spare included, stays within the
+bound (:mod:`djl_handlers.engines.hf.slab_ledger`).
 
 ``KVBatch`` holds the slab cache plus the per-row tensors the engine needs: ``mask`` [B, T]
 (1 = real token), ``pos`` [B] (true length = position id of the pending token) and ``pending``
@@ -26,6 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from djl_handlers.engines.base import StepOutput
 from djl_handlers.engines.hf.sampling import log_normalizer
+from djl_handlers.engines.hf.slab_ledger import SlabGroup, SlabLedger
 
 GROW = 128  # columns added to a full slab (amortises reallocation to one copy per GROW tokens)
 
@@ -38,17 +41,24 @@ class SlabLayer(DynamicLayer):
     writes at ``end``; a merged prompt longer than the batch moves ``start`` left; trimming common
     left padding moves it right. Rows join into spare row slots and leave by moving the last rows
     into their holes (:meth:`move_rows`), so a join or a leave copies only the rows that move,
-    never the whole cache. A slab is reallocated (one copy) only when it runs out of room; spare
-    capacity is allocated but untouched, so it costs address space, not memory, until used.
+    never the whole cache. A slab is reallocated (one copy) only when it runs out of room. Spare
+    capacity is allocated but untouched: on the CPU it costs address space until used, on a GPU real
+    memory, so under a bound (``ledger``, :mod:`djl_handlers.engines.hf.slab_ledger`) a slab takes spare
+    room only from what the bound leaves beside the other slabs and the mirror (:meth:`_fit`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: SlabLedger | None = None, group: SlabGroup | None = None) -> None:
         super().__init__()
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._rows = 0
         self._start = 0
         self._end = 0
+        self.ledger = ledger  # the engine's ledger under option.kv_cache_memory_bytes (None: no limit)
+        self.group = group if group is not None else SlabGroup(1)
+        self.capacity_bytes = 0  # bytes of the slab's keys and values, spare rows and columns included
+        if ledger is not None:
+            ledger.register(self)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -63,7 +73,8 @@ class SlabLayer(DynamicLayer):
             raise ValueError(f"a cache of {self._rows} rows was given keys for {key_states.shape[0]} rows")
         need = self._end + key_states.shape[-2]
         if need > self._cap_k().shape[-2]:
-            self._realloc(self._cap_k().shape[0], self._start, need - self._end + GROW)
+            more = need - self._end
+            self._grow((self._rows, self._cap_k().shape[0]), (0, self._start), (more, more + GROW))
         k, v = self._cap_k(), self._cap_v()
         k[: self._rows, :, self._end : need] = key_states
         v[: self._rows, :, self._end : need] = value_states
@@ -84,10 +95,14 @@ class SlabLayer(DynamicLayer):
         return self._v
 
     def adopt(self, keys: torch.Tensor, values: torch.Tensor, extra: int = 0) -> None:
-        """Copy ``keys``/``values`` into a fresh slab with room for ``extra`` + ``GROW`` columns."""
+        """Copy ``keys``/``values`` into a fresh slab with room for ``extra`` + ``GROW`` columns (as
+        many of them as the ledger's bound leaves)."""
         rows, h, width, d = keys.shape
-        self._k = keys.new_empty((rows, h, width + extra + GROW, d))
-        self._v = values.new_empty((rows, h, width + extra + GROW, values.shape[-1]))
+        cell = h * d * keys.element_size() + values.shape[1] * values.shape[-1] * values.element_size()
+        _, _, right = self._fit((rows, rows), (0, 0), width, (0, extra + GROW), cell)
+        self._k = keys.new_empty((rows, h, width + right, d))
+        self._v = values.new_empty((rows, h, width + right, values.shape[-1]))
+        self.capacity_bytes = self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
         self._k[:, :, :width] = keys
         self._v[:, :, :width] = values
         self.is_initialized = True
@@ -107,8 +122,8 @@ class SlabLayer(DynamicLayer):
         cap_rows = self._cap_k().shape[0]
         if rows > cap_rows or left > self._start:
             room = self._cap_k().shape[-2] - self._end
-            # generous spare room (untouched capacity costs address space only): few reallocations
-            self._realloc(max(rows, 2 * cap_rows), left + max(GROW, width), max(room, GROW))
+            # generous spare room where the bound leaves it: few reallocations
+            self._grow((rows, max(rows, 2 * cap_rows)), (left, left + max(GROW, width)), (0, max(room, GROW)))
         k, v = self._cap_k(), self._cap_v()
         start, end = self._start - left, self._end
         if left:
@@ -144,6 +159,34 @@ class SlabLayer(DynamicLayer):
             part[:, n:] = part[:, :-n].clone()
             part[:, :n].zero_()
 
+    def _cell_bytes(self) -> int:
+        """Bytes one (row, column) cell of this layer takes (keys and values)."""
+        k, v = self._cap_k(), self._cap_v()
+        return k.shape[1] * k.shape[3] * k.element_size() + v.shape[1] * v.shape[3] * v.element_size()
+
+    def _grow(self, rows: tuple[int, int], left: tuple[int, int], right: tuple[int, int]) -> None:
+        """Reallocate with ``rows`` row capacity and ``left``/``right`` spare columns around the content,
+        each a ``(need, want)`` pair: the wants where the ledger's bound leaves room (see :meth:`_fit`)."""
+        shape = self._fit(rows, left, self._end - self._start, right, self._cell_bytes())
+        self._realloc(*shape)
+
+    def _fit(self, rows: tuple[int, int], left: tuple[int, int], width: int, right: tuple[int, int],
+             cell: int) -> tuple[int, int, int]:
+        """``(rows, left, right)`` to allocate around ``width`` columns: the wants, or what the ledger's
+        bound leaves (:meth:`~djl_handlers.engines.hf.slab_ledger.SlabLedger.shape`)."""
+        if self.ledger is None:
+            return rows[1], left[1], right[1]
+        return self.ledger.shape(self.group, rows, left, width, right, cell)
+
+    def compact(self) -> bool:
+        """Give the spare room back: reallocate to exactly the rows and columns in use; whether it shrank."""
+        if self._k is None:
+            return False
+        if self._k.shape[0] == self._rows and self._k.shape[2] == self._end - self._start:
+            return False
+        self._realloc(self._rows, 0, 0)
+        return True
+
     def _realloc(self, cap_rows: int, left: int, right: int) -> None:
         """Move the content into a new slab with ``left``/``right`` spare columns around it."""
         k, v = self._cap_k(), self._cap_v()
@@ -154,6 +197,7 @@ class SlabLayer(DynamicLayer):
         new_k[: self._rows, :, left : left + width] = k[: self._rows, :, self._start : self._end]
         new_v[: self._rows, :, left : left + width] = v[: self._rows, :, self._start : self._end]
         self._k, self._v = new_k, new_v
+        self.capacity_bytes = new_k.numel() * new_k.element_size() + new_v.numel() * new_v.element_size()
         self._set(self._rows, left, left + width)
 
     def _set(self, rows: int, start: int, end: int) -> None:
@@ -184,13 +228,15 @@ class SlabLayer(DynamicLayer):
         """Forget everything."""
         self._k = self._v = None
         self._rows = self._start = self._end = 0
+        self.capacity_bytes = 0
         super().reset()
 
 
-def new_slab_cache(config: Any) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose layers are :class:`SlabLayer`."""
+def new_slab_cache(config: Any, ledger: SlabLedger | None = None) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` whose layers are :class:`SlabLayer`, one group in ``ledger``."""
     cache = DynamicCache(config=config)
-    cache.layers = [SlabLayer() for _ in cache.layers]
+    group = SlabGroup(len(cache.layers))
+    cache.layers = [SlabLayer(ledger, group) for _ in cache.layers]
     return cache
 
 

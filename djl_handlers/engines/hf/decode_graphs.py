@@ -251,7 +251,8 @@ class DecodeGraphs:
         self.release()  # before allocating: the old and the new mirror never coexist
         if room is not None and rows * width * cell > room:
             return "the mirror does not fit beside the running rows' KV within option.kv_cache_memory_bytes"
-        mirror.allocate(layers, rows, width)
+        if not mirror.allocate(layers, rows, width):
+            return "the mirror does not fit beside the KV slabs' capacity within option.kv_cache_memory_bytes"
         self.stats["mirror_allocations"] += 1
         return None
 

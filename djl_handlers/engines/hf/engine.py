@@ -75,6 +75,7 @@ from djl_handlers.engines.hf.prefill_budget import default_prefill_tokens
 from djl_handlers.engines.hf.prefix_cache import PrefixCache, prompt_kv
 from djl_handlers.engines.hf.rows import Partial, Row
 from djl_handlers.engines.hf.sampling import RowSampling, sample_batch
+from djl_handlers.engines.hf.slab_ledger import SlabLedger
 from djl_handlers.engines.hf.speculative import Speculator
 from djl_handlers.engines.hf.static import generate_static as static_generate
 from djl_handlers.errors import ConfigError, EngineOutOfMemory
@@ -130,8 +131,19 @@ class HFEngine:
         self.speculator: Speculator | None = None  # option.speculative_config (engines/hf/speculative.py)
         self.cpu_patches: dict[str, str] = {}  # what each CPU kernel patch did to the model (engines/hf/cpu/patches.py)
         self.kv_bytes_per_token = bytes_per_token(model)
+        self.slabs = SlabLedger()  # what the KV slabs allocate, within the bound (engines/hf/slab_ledger.py)
         self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
         self.decode_graphs: DecodeGraphs | None = None  # option.decode_graphs (engines/hf/decode_graphs.py)
+
+    @property
+    def kv_cache_max_bytes(self) -> int | None:
+        """The KV bound in bytes (None: none): admission reserves within it, the slabs and the decode
+        graphs' mirror allocate within it (the ledger holds it)."""
+        return self.slabs.limit
+
+    @kv_cache_max_bytes.setter
+    def kv_cache_max_bytes(self, limit: int | None) -> None:
+        self.slabs.limit = limit
 
     @classmethod
     def from_config(cls, config: ServingConfig) -> HFEngine:
@@ -265,6 +277,7 @@ class HFEngine:
             return
         self.decode_graphs = DecodeGraphs(self.model, self._forward, mode, capture_sizes(self.max_batch_size, sizes),
                                           self.max_model_len)
+        self.decode_graphs.mirror.ledger = self.slabs
 
     def load_adapter(self, spec: Any) -> None:
         """Register (and with ``preload`` load) a LoRA adapter; see :mod:`.lora`."""
@@ -293,10 +306,15 @@ class HFEngine:
         return (int(self._batch.mask.shape[0]), int(self._batch.mask.shape[1]))
 
     def kv_cache_usage(self) -> dict[str, float]:
-        """The running batch's KV slab: bytes holding real tokens, bytes allocated, and their ratio
-        (0 with no batch); with decode graphs, the bytes of their KV mirror (``kv_cache_mirror_bytes``,
-        charged against the bound too). Read by the service for ``/metrics``; costs one mask sum."""
+        """The running batch's KV slab: bytes holding real tokens, bytes allocated to its rows, and their
+        ratio (0 with no batch); every live slab's capacity, spare rows and columns included
+        (``kv_cache_capacity_bytes``: what the bound holds); with decode graphs, the bytes of their KV
+        mirror (``kv_cache_mirror_bytes``, charged against the bound too). Read by the service for
+        ``/metrics``; costs one mask sum."""
         figures: dict[str, Any] = self._kv_facts()
+        figures["kv_cache_capacity_bytes"] = self.slabs.capacity()
+        if self.slabs.over_bound:
+            figures["kv_cache_over_bound_allocations"] = self.slabs.over_bound
         if self.decode_graphs is not None:
             figures["kv_cache_mirror_bytes"] = self.decode_graphs.mirror_bytes()
         if self._batch is None:
@@ -337,7 +355,7 @@ class HFEngine:
             )
 
     def _new_cache(self) -> Any:
-        return new_slab_cache(self.model.config)
+        return new_slab_cache(self.model.config, self.slabs)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """One forward; returns last-position logits [batch, vocab] (float32)."""
@@ -527,10 +545,13 @@ class HFEngine:
 
     def _mirror_room(self) -> int | None:
         """The bytes the decode graphs' mirror may take this step: what the KV bound leaves beside
-        the running rows' reserved cache (None: no bound)."""
+        the running rows' reserved cache, a chunk-prefilled prompt's own cache included as at its
+        admission (None: no bound)."""
         if self.kv_cache_max_bytes is None:
             return None
-        return self.kv_cache_max_bytes - footprint(self._held(), (), self.max_model_len) * self.kv_bytes_per_token
+        running = self._batch.rows if self._batch is not None else []
+        chunked = [self._partial.row] if self._partial is not None else []
+        return self.kv_cache_max_bytes - footprint(running, chunked, self.max_model_len) * self.kv_bytes_per_token
 
     def _check_kv_room(self, request: EngineRequest) -> None:
         """Refuse (507) a request whose worst case alone exceeds the KV bound: it could never run."""

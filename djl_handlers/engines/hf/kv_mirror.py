@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from djl_handlers.engines.hf.batch import KVBatch
+from djl_handlers.engines.hf.slab_ledger import SlabLedger
 
 __all__ = ["KVMirror", "cell_bytes"]
 
@@ -48,6 +49,7 @@ class KVMirror:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._held: _Held | None = None
+        self.ledger: SlabLedger | None = None  # the engine's KV ledger: told the mirror's bytes, asked for room
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -74,18 +76,29 @@ class KVMirror:
         have_rows, have_width = self.shape
         return have_rows >= rows and have_width >= width and self.matches(layers)
 
-    def allocate(self, layers: Sequence[Any], rows: int, width: int) -> None:
-        """New zeroed buffers of ``rows`` x ``width`` beside each of ``layers`` (the old ones dropped first)."""
+    def allocate(self, layers: Sequence[Any], rows: int, width: int) -> bool:
+        """New zeroed buffers of ``rows`` x ``width`` beside each of ``layers`` (the old ones dropped first);
+        False, and none allocated, when they do not fit beside the slabs' capacity within the ledger's
+        bound even after the slabs gave their spare room back."""
         self.clear()
+        if self.ledger is not None and not self.ledger.make_room(rows * width * cell_bytes(layers)):
+            return False
         for layer in layers:
             keys, values = layer.views()
             self.keys.append(keys.new_zeros((rows, keys.shape[1], width, keys.shape[3])))
             self.values.append(values.new_zeros((rows, values.shape[1], width, values.shape[3])))
+        self._tell()
+        return True
 
     def clear(self) -> None:
         """Drop the buffers and the record."""
         self.keys, self.values = [], []
         self._held = None
+        self._tell()
+
+    def _tell(self) -> None:
+        if self.ledger is not None:
+            self.ledger.mirror_bytes = self.nbytes()
 
     def holds(self, batch: KVBatch) -> bool:
         """Whether the buffers already hold ``batch``'s KV (same rows, same slab view as recorded)."""
