@@ -1,7 +1,8 @@
 """``python -m benchmarks speculative``: prompt-lookup speculative decoding in the HF engine, side by side.
 
-Two HF handlers on the embedded SmolLM2 (one with ``option.speculative_config`` ngram, one without)
-serve the same burst of greedy requests in alternated rounds (the order flips every round), each
+Three HF handlers on the embedded SmolLM2 (one with ``option.speculative_config`` ngram, one without,
+and one with it whose rule is off: it verifies every candidate, as the engine did before the rule)
+serve the same burst of greedy requests in alternated rounds (which goes first rotates), each
 through DJL's rolling-batch loop in process (``RollingBatchDriver``, streaming). Four workloads:
 
 * ``copy``: chat prompts that paste a text and ask for it back edited (fix the spelling, change a
@@ -126,44 +127,51 @@ def run_benchmark(quick: bool, rounds: int, n: int, new_tokens: int, dtype: str,
 
     model_dir = str(embedded_model_dir())
     ngram = ngram or NGRAM
+    from djl_handlers.engines.hf.speculation_policy import StepCost
+
     spec, plain = _service(model_dir, dtype, ngram), _service(model_dir, dtype, None)
+    always = _service(model_dir, dtype, ngram)  # the rule off: every step with a candidate verifies it
+    always.engine.speculator.cost = StepCost.free()
     tokenizer = plain.engine.tokenizer
     copy, fresh = copy_workload(tokenizer, n, new_tokens), fresh_workload(tokenizer, n, new_tokens)
     workloads = {"copy": copy, "mixed": mixed_prompts(tokenizer, n), "fresh": fresh,
                  "blend": [(copy if i % 2 == 0 else fresh)[i // 2] for i in range(n)]}
-    for service in (spec, plain):  # first-use costs out of the measured rounds
+    for service in (spec, plain, always):  # first-use costs out of the measured rounds
         burst(service, copy_workload(tokenizer, n, 8))
     report: dict[str, Any] = {"rounds": rounds, "n": n, "dtype": dtype, "ngram": ngram, "workloads": {}}
     for name, prompts in workloads.items():
         rows, identical = [], True
         for round_index in range(rounds):
             before = spec.engine.spec_decode_stats()
-            order = [("on", spec), ("off", plain)] if round_index % 2 == 0 else [("off", plain), ("on", spec)]
+            order = [("on", spec), ("off", plain), ("always", always)]
+            order = order[round_index % 3:] + order[:round_index % 3]  # which goes first rotates
             got = {label: burst(service, prompts) for label, service in order}
             after = spec.engine.spec_decode_stats()
             drafted = after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"]
             accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
             row_steps = after["spec_decode_num_row_steps"] - before["spec_decode_num_row_steps"]
             declined = after["spec_decode_num_declined_steps"] - before["spec_decode_num_declined_steps"]
-            identical = identical and got["on"]["texts"] == got["off"]["texts"]
+            identical = identical and got["on"]["texts"] == got["off"]["texts"] == got["always"]["texts"]
             on, off = got["on"], got["off"]
             rows.append({"round": round_index + 1, "first": order[0][0], "tok_s_on": rnd(on["tok_s"], 1),
                          "tok_s_off": rnd(off["tok_s"], 1), "tok_s_ratio": rnd(on["tok_s"] / off["tok_s"], 3),
                          "ttft_on_ms": rnd(on["ttft_p50_s"] * 1000, 1), "ttft_off_ms": rnd(off["ttft_p50_s"] * 1000, 1),
                          "ttft_ratio": rnd(on["ttft_p50_s"] / off["ttft_p50_s"], 3),
+                         "always_ratio": rnd(got["always"]["tok_s"] / off["tok_s"], 3),
                          "acceptance_rate": rnd(accepted / drafted if drafted else 0.0, 3),
                          "tokens_per_row_step": rnd(1 + accepted / row_steps if row_steps else 1.0, 3),
                          "declined_steps": declined, "load_1m": rnd(os.getloadavg()[0], 2), "tokens": on["tokens"]})
         report["workloads"][name] = {
             "rows": rows, "identical_answers": identical,
             "tok_s_ratio_median": rnd(median([r["tok_s_ratio"] for r in rows]), 3),
+            "always_ratio_median": rnd(median([r["always_ratio"] for r in rows]), 3),
             "ttft_ratio_median": rnd(median([r["ttft_ratio"] for r in rows]), 3),
             "prompt_tokens_median": median([len(tokenizer.encode(p)) for p, _ in prompts])}
     return report
 
 
 COLUMNS = ["round", "first", "tok_s_on", "tok_s_off", "tok_s_ratio", "ttft_on_ms", "ttft_off_ms", "ttft_ratio",
-           "acceptance_rate", "tokens_per_row_step", "declined_steps", "load_1m"]
+           "always_ratio", "acceptance_rate", "tokens_per_row_step", "declined_steps", "load_1m"]
 
 
 def run(quick: bool, rounds: int = 4, n: int = 8, new_tokens: int = 64, dtype: str = "fp32",
@@ -175,7 +183,8 @@ def run(quick: bool, rounds: int = 4, n: int = 8, new_tokens: int = 64, dtype: s
     report = run_benchmark(quick, rounds, n, new_tokens, dtype, ngram)
     for name, block in report["workloads"].items():
         print_table(block["rows"], COLUMNS, f"speculative ({name} workload, {n} requests at once, {dtype})")
-        print(f"{name}: median tok/s ratio {block['tok_s_ratio_median']}, TTFT ratio {block['ttft_ratio_median']}, "
+        print(f"{name}: median tok/s ratio {block['tok_s_ratio_median']} (verifying every candidate: "
+              f"{block['always_ratio_median']}), TTFT ratio {block['ttft_ratio_median']}, "
               f"identical answers: {block['identical_answers']}")
     write_report("speculative", report, quick, started)
     return report
