@@ -71,10 +71,10 @@ class SlabLayer(DynamicLayer):
             return self.views()
         if key_states.shape[0] != self._rows:
             raise ValueError(f"a cache of {self._rows} rows was given keys for {key_states.shape[0]} rows")
-        need = self._end + key_states.shape[-2]
-        if need > self._cap_k().shape[-2]:
-            more = need - self._end
+        more = key_states.shape[-2]
+        if self._end + more > self._cap_k().shape[-2]:
             self._grow((self._rows, self._cap_k().shape[0]), (0, self._start), (more, more + GROW))
+        need = self._end + more  # the content may have moved left
         k, v = self._cap_k(), self._cap_v()
         k[: self._rows, :, self._end : need] = key_states
         v[: self._rows, :, self._end : need] = value_states
