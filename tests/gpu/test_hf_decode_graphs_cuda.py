@@ -3,13 +3,16 @@ CUDA GPU: replayed steps give the tokens of the dynamic step and of ``generate()
 rows cross row and column buckets, finish mid-bucket and join; each bucket is captured once.
 
 Marked ``gpu``; skipped unless torch sees a CUDA device (``DJL_HANDLERS_TEST_DEVICE=cpu`` runs the
-same tests on the CPU with the static-shape step run eagerly, to check the tests themselves)::
+same tests on the CPU with the static-shape step run eagerly, to check the tests themselves). And under a
+small ``option.kv_cache_memory_bytes``, with graphs and without: the memory a burst allocates beyond the
+model stays within the bound plus a stated activation allowance::
 
     .venv/bin/python -m pytest -m gpu tests/gpu/test_hf_decode_graphs_cuda.py
 """
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
@@ -124,3 +127,69 @@ def test_auto_stays_off_cuda_graphs_are_opt_in_and_enforce_eager_turns_them_off(
     chosen = engine(decode_graphs="cuda_graphs")
     assert (chosen.decode_graphs.mode if chosen.decode_graphs is not None else "off") == expected
     assert engine(enforce_eager="true").decode_graphs is None
+
+
+#: The bound of the test below, in cached tokens: a few of the burst's rows at once.
+BOUND_TOKENS = 300
+BOUND_NEWS = [min(n, 40) for n in NEWS]
+#: What the device may allocate beyond the KV bound during the burst: activations (the forward's hidden
+#: states, the logits and the sampling's copies of them: rows x vocabulary x 4 bytes a few times), one
+#: layer's old slab while it is copied into a larger one, and the graphs' pool with their logits buffer.
+ACTIVATION_ALLOWANCE = 64 * 2**20
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_small_kv_bound_holds_the_device_memory_of_a_burst(model_and_tok: Any, graphs: bool) -> None:
+    """``option.kv_cache_memory_bytes`` small: the burst waits its turn, its tokens equal ``generate()``,
+    and the memory the device allocates beyond the model stays within the bound plus the activation
+    allowance (on CUDA ``max_memory_allocated``; on the CPU the slab tensors' and the mirror's bytes
+    after every step, spare rows and columns included)."""
+    import torch
+
+    from djl_handlers.engines.hf.engine import HFEngine
+    from djl_handlers.engines.hf.kv_budget import bytes_per_token
+    from djl_handlers.params.generation import GenerationParameters
+
+    model, tok = model_and_tok
+    prompts = [tok.encode(p) for p in PROMPTS]
+    bound = BOUND_TOKENS * bytes_per_token(model)
+    cuda = DEVICE.startswith("cuda")
+    warm = HFEngine(model, tok, max_batch_size=8)  # cuBLAS workspaces, kernels: not the burst's memory
+    if graphs:
+        warm.use_decode_graphs(MODE, (1, 2, 4, 8))
+    _drive(warm, prompts[:2], [0, 0])
+    del warm
+    gc.collect()  # the warm engine and its graphs reference each other
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    base = int(torch.cuda.memory_allocated()) if cuda else 0
+    engine = HFEngine(model, tok, max_batch_size=8, kv_cache_max_bytes=bound)
+    if graphs:
+        engine.use_decode_graphs(MODE, (1, 2, 4, 8))
+    got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    for i, ids in enumerate(prompts):
+        engine.add_request(EngineRequest(i, ids, GenerationParameters(max_new_tokens=BOUND_NEWS[i])))
+    widest, steps = 0, 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert out.error is None, out.error
+            got[out.request_id].append(int(out.token_id))
+            if len(got[out.request_id]) >= BOUND_NEWS[out.request_id]:
+                engine.release(out.request_id)
+        usage = engine.kv_cache_usage()
+        held = usage["kv_cache_capacity_bytes"] + usage.get("kv_cache_mirror_bytes", 0)
+        assert held <= bound, (steps, held, bound)
+        widest = max(widest, len(engine.running_ids))
+        steps += 1
+    if cuda:  # read before generate() below allocates its own cache
+        torch.cuda.synchronize()
+        grown = int(torch.cuda.max_memory_allocated()) - base
+        assert grown <= bound + ACTIVATION_ALLOWANCE, (grown, bound)
+    assert engine.slabs.over_bound == 0 and 1 < widest < len(prompts)  # rows shared the batch, within the bound
+    for i, ids in enumerate(prompts):
+        eos = engine.eos_token_ids
+        assert _until_eos(got[i], eos) == _alone(model, ids, BOUND_NEWS[i], eos), f"request {i}"
+    if graphs:
+        assert engine.decode_graphs is not None and engine.decode_graphs.stats["static_steps"] > 0
