@@ -153,7 +153,9 @@ class Metrics:
         # speculative decoding (HF engine's prompt lookup): vLLM's spec_decode_* counters, running totals too
         for key, doc in (("spec_decode_num_drafts", "Rows that verified speculative candidates, per step (HF engine)."),
                          ("spec_decode_num_draft_tokens", "Speculative candidate tokens verified (HF engine)."),
-                         ("spec_decode_num_accepted_tokens", "Speculative candidate tokens accepted (HF engine).")):
+                         ("spec_decode_num_accepted_tokens", "Speculative candidate tokens accepted (HF engine)."),
+                         ("spec_decode_num_declined_steps", "Decode steps that had speculative candidates and ran "
+                          "the plain step, as verifying was not expected to pay (HF engine).")):
             self._totals[key] = Counter(PREFIX + key, doc, one, registry=reg).labels(model)
             self._totals_seen[key] = 0
         self.spec_rate = gauge("spec_decode_acceptance_rate", "Accepted / verified speculative tokens since the "

@@ -77,6 +77,7 @@ def test_same_bytes_with_and_without_speculation(servers: dict[str, ServerProces
     assert total(samples, "spec_decode_num_accepted_tokens_total") > 0
     assert total(samples, "spec_decode_tokens_per_step") > 1.0
     assert 0 < total(samples, "spec_decode_acceptance_rate") <= 1
+    assert "djl_handlers_spec_decode_num_declined_steps_total" in samples  # the rule's plain steps are counted
     assert total(scrape(servers["sync-plain"]), "spec_decode_num_drafts_total") == 0
 
 

@@ -222,21 +222,34 @@ def test_rejection_rule_keeps_the_distribution() -> None:
     assert tv(Counter({3: draws}), want) > 0.5
 
 
-def test_sampled_tokens_have_the_plain_distribution(tiny_model: Any) -> None:
-    """Many seeded requests with and without speculation, the same seeds: the first token (prefill) and
-    every token of a row without candidates are the same draws, so equal; the second token of the rows
-    whose first token was in the prompt (decided by verification) has the plain distribution within a
-    loose total-variation bound that a wrong rule (keeping every candidate) exceeds. A repetition
-    penalty below 1 favours the prompt's tokens, so the tiny model's candidates are often likely."""
+def test_sampled_tokens_have_the_plain_distribution(tiny_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many unseeded requests with and without speculation, given the same generator seeds (the engine's
+    random seeds, made repeatable here; a client's seed turns speculation off for its row): the first
+    token (prefill) and every token of a row without candidates are the same draws, so equal; the second
+    token of the rows whose first token was in the prompt (decided by verification) has the plain
+    distribution within a loose total-variation bound that a wrong rule (keeping every candidate)
+    exceeds. A repetition penalty below 1 favours the prompt's tokens, so the tiny model's candidates
+    are often likely."""
+    from djl_handlers.engines.hf import sampling
+
     model, tok = tiny_model
     prompt = tok.encode("a b c a b c a b")
     params = {"do_sample": True, "top_k": 4, "temperature": 3.0, "repetition_penalty": 0.2, "max_new_tokens": 3}
     count = 200
-    draw = random.Random(0)  # seeds far apart: the first draws of consecutive seeds are not independent enough
-    seeds = [draw.getrandbits(62) for _ in range(count)]
+
+    class Seeds:
+        """Stands in for ``secrets`` in the sampler: seeds far apart (the first draws of consecutive seeds
+        are not independent enough), the same sequence for each engine."""
+
+        def __init__(self) -> None:
+            self.draw = random.Random(0)
+
+        def randbits(self, bits: int) -> int:
+            return self.draw.getrandbits(min(bits, 62))
 
     def tokens(engine: HFEngine) -> list[list[int]]:
-        reqs = [EngineRequest(i, prompt, GenerationParameters(seed=seed, **params)) for i, seed in enumerate(seeds)]
+        monkeypatch.setattr(sampling, "secrets", Seeds())
+        reqs = [EngineRequest(i, prompt, GenerationParameters(**params)) for i in range(count)]
         got = run(engine, reqs, [0] * len(reqs))
         return [[o.token_id for o in got[i]] for i in range(count)]
 
@@ -255,6 +268,28 @@ def test_sampled_tokens_have_the_plain_distribution(tiny_model: Any) -> None:
 
 
 # -- rows that verify no candidates, or speculate with their own weights ------------------------------------
+def test_seeded_sampling_rows_verify_nothing_and_answer_as_plain(tiny_model: Any) -> None:
+    """Rows that sample with a client's seed beside greedy rows that speculate: no candidates for them, so
+    their tokens equal the same seeds without speculation, and equal again in a batch of other neighbours."""
+    model, tok = tiny_model
+    prompt = tok.encode("a b c a b c a b c a b")
+    seeded = {"do_sample": True, "top_k": 4, "temperature": 1.5, "max_new_tokens": 10}
+
+    def reqs(neighbours: int) -> list[EngineRequest]:
+        out = requests(tok, [12] * len(PROMPTS))[:neighbours]
+        out += [EngineRequest(neighbours + i, prompt, GenerationParameters(seed=100 + i, **seeded)) for i in range(4)]
+        return out
+
+    def seeded_tokens(got: dict[int, list[StepOutput]], neighbours: int) -> list[list[int]]:
+        return [[o.token_id for o in got[neighbours + i]] for i in range(4)]
+
+    engine = speculating(model, tok)
+    spec = seeded_tokens(run(engine, reqs(3), [0] * 7), 3)
+    assert engine.spec_decode_stats()["spec_decode_num_accepted_tokens"] > 0  # the greedy rows did speculate
+    assert spec == seeded_tokens(run(HFEngine(model, tok), reqs(3), [0] * 7), 3)
+    assert spec == seeded_tokens(run(speculating(model, tok), reqs(1), [0] * 5), 1)
+
+
 def test_grammar_rows_verify_nothing_and_answer_as_plain(tiny_model: Any) -> None:
     """A constrained row next to speculating rows: no candidates for it, its tokens as without speculation."""
     pytest.importorskip("xgrammar")

@@ -26,8 +26,8 @@ then causal": a position never attends to the fillers after it) and reads the lo
   ``p`` without ``t``, renormalised, and the row stops there; all accepted: one more token is drawn
   from the last position's ``p``. For a draft that is a point mass (prompt lookup) this is the
   standard speculative-sampling rule, and each emitted token has exactly the distribution plain
-  sampling gives it (not the same draws: a seeded request is reproducible, but differs from the
-  same seed without speculation).
+  sampling gives it. Rows that sample with the client's own seed verify no candidates: their
+  tokens stay those of the same seed without speculation, whatever the batch around them.
 
 Every emitted token's ``log_prob`` (and top tokens) comes from the raw logits at its position, as in
 a plain step. KV: the forward wrote ``1 + K`` columns per row; a row keeps ``1 + accepted`` of them.
@@ -132,13 +132,14 @@ class Speculator:
                 _state(row).history.append(token)
 
     def proposals(self, batch: KVBatch, max_model_len: int) -> list[tuple[list[int], int]]:
-        """Each row's candidates and the length of the n-gram that found them: none for grammar rows,
-        and never past ``max_new_tokens`` (counting the token verification adds) or the context length."""
+        """Each row's candidates and the length of the n-gram that found them: none for grammar rows and
+        seeded sampling rows, and never past ``max_new_tokens`` (counting the token verification adds) or
+        the context length."""
         out: list[tuple[list[int], int]] = []
         for row, pos in zip(batch.rows, batch.pos.tolist(), strict=True):
             room = min(self.k, max_model_len - 2 - int(pos),
                        int(row.request.params.max_new_tokens) - row.sampling.generated - 1)
-            if room < 1 or row.grammar is not None or row.done:
+            if room < 1 or row.grammar is not None or row.done or _seeded_sampling(row):
                 out.append(([], 0))
             else:
                 out.append(lookup(_state(row).history, room, self.low, self.high))
@@ -278,6 +279,13 @@ def _scored(logits: torch.Tensor, log_z: torch.Tensor, tokens: list[int], top_n:
         return _Verdict([], [], error="the model produced non-finite logits for this request")
     top = top_log_probs(logits[:n].float(), log_z[:n], [top_n] * n) if top_n else None
     return _Verdict(tokens, lps, [t or [] for t in top] if top is not None else None)
+
+
+def _seeded_sampling(row: Row) -> bool:
+    """A sampling row with the client's own seed: it verifies no candidates, so that its draws are spent as
+    in a plain step and its tokens are the same with speculation on or off, beside any neighbours (which
+    steps verify depends on the other rows and on the learnt rates)."""
+    return bool(row.sampling.do_sample) and row.request.params.seed is not None
 
 
 def _state(row: Row) -> RowSpeculation:
