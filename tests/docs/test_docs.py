@@ -23,6 +23,7 @@ run as non-strict xfail, so they show up in every run's summary until fixed. Fas
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import importlib.util
 import json
 import re
@@ -292,7 +293,17 @@ def check_python_m(args: list[str]) -> None:
         if module == "pytest":
             check_pytest(args[args.index("-m") + 2:])
         else:
-            assert importlib.util.find_spec(module) is not None, f"python -m {module}: no such module"
+            assert _module_exists(module), f"python -m {module}: no such module"
+
+
+def _module_exists(module: str) -> bool:
+    """Whether ``python -m module`` finds a module. A top-level name is looked up on ``sys.path`` by the
+    path finder alone: a meta-path hook may act on a lookup (setuptools' distutils shim takes a lookup
+    of ``pip`` for pip starting, and turns itself off for the rest of the process, after which a later
+    first import of setuptools, e.g. by torch's inductor, fails)."""
+    if "." not in module:
+        return importlib.machinery.PathFinder.find_spec(module) is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def check_pytest(args: list[str]) -> None:
