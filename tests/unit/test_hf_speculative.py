@@ -16,7 +16,7 @@ from djl_handlers.config.models import ServingConfig  # noqa: E402
 from djl_handlers.config.speculative import NgramOptions  # noqa: E402
 from djl_handlers.engines.base import EngineRequest, StepOutput  # noqa: E402
 from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
-from djl_handlers.engines.hf.lookup import propose  # noqa: E402
+from djl_handlers.engines.hf.lookup import lookup  # noqa: E402
 from djl_handlers.engines.hf.speculation_policy import StepCost  # noqa: E402
 from djl_handlers.engines.hf.speculative import Speculator, accept_or_resample  # noqa: E402
 from djl_handlers.errors import ConfigError  # noqa: E402
@@ -26,6 +26,11 @@ pytest_plugins = ["conftest_models"]  # fixtures: tiny_model, tiny_dir, embedded
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}'
 # prompts whose text repeats: the lookup finds candidates from the first decode step on
+def candidates(context: list[int], k: int, low: int, high: int) -> list[int]:
+    """:func:`lookup`'s candidates, without the match length."""
+    return lookup(context, k, low, high)[0]
+
+
 PROMPTS = [
     "one two three one two three one two three one two",
     "The cat sat on the mat. The cat sat on the mat. The cat",
@@ -88,12 +93,12 @@ def test_vllm_gets_the_object_unchanged(tmp_path: Path) -> None:
 def test_lookup_takes_the_longest_then_latest_match() -> None:
     #          0  1  2  3  4  5  6  7  8  9
     context = [5, 6, 7, 1, 9, 6, 7, 2, 6, 7]
-    assert propose(context, 3, 1, 3) == [2, 6, 7]  # "6 7" occurs at 1-2 and 5-6: the latest wins
-    assert propose([5, 6, 7, 1, 9, 8, 7, 2, 6, 7], 3, 1, 3) == [1, 9, 8]  # "6 7" beats the later "7"
-    assert propose(context, 1, 1, 3) == [2]
-    assert propose(context, 3, 3, 3) == []  # no earlier "2 6 7"
-    assert propose([1, 2, 3], 3, 1, 3) == []
-    assert propose([4, 4], 3, 1, 3) == [4]  # overlapping occurrence, cut at the context's end
+    assert candidates(context, 3, 1, 3) == [2, 6, 7]  # "6 7" occurs at 1-2 and 5-6: the latest wins
+    assert candidates([5, 6, 7, 1, 9, 8, 7, 2, 6, 7], 3, 1, 3) == [1, 9, 8]  # "6 7" beats the later "7"
+    assert candidates(context, 1, 1, 3) == [2]
+    assert candidates(context, 3, 3, 3) == []  # no earlier "2 6 7"
+    assert candidates([1, 2, 3], 3, 1, 3) == []
+    assert candidates([4, 4], 3, 1, 3) == [4]  # overlapping occurrence, cut at the context's end
 
 
 # -- greedy: byte for byte --------------------------------------------------------------------------------

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["lookup", "propose"]
-
-
-def propose(context: Sequence[int], k: int, low: int, high: int) -> list[int]:
-    """Up to ``k`` candidate next tokens for ``context``: :func:`lookup`'s candidates."""
-    return lookup(context, k, low, high)[0]
+__all__ = ["lookup"]
 
 
 def lookup(context: Sequence[int], k: int, low: int, high: int) -> tuple[list[int], int]:

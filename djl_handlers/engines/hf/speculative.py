@@ -5,7 +5,7 @@ lookup (:mod:`.lookup`, over its own prompt and output). Then the step decides w
 (:mod:`.speculation_policy`): it weighs each row's expected accepted candidates (an acceptance rate
 per n-gram match length learnt from the drafts verified so far, scaled by the row's own recent record)
 against the cost of a wider forward (a fixed cost per forward plus one per token fed), and picks the
-verify width ``w`` (at most ``k``) with the most expected tokens per unit of time; ``w = 0``, the
+verify width ``w`` (at most ``k``) that gives the rows the least mean time per token; ``w = 0``, the
 plain decode step, unless a width beats it by a margin. So rows whose text cannot be predicted stop
 paying for verification (their candidates still ride along, for free, in a step that verifies for
 others), and are probed again once their record has faded. When the step verifies, it cuts every
