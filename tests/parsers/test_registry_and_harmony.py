@@ -1,0 +1,53 @@
+"""The parser registry's names and errors, gpt-oss's harmony channels (vLLM reads those outside
+its reasoning-parser registry, so they are not in the vLLM corpus) and the built-in JSON reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from djl_handlers.errors import ConfigError
+from djl_handlers.parsers.registry import reasoning_parser, tool_parser
+from djl_handlers.parsers.stream import ReplyStream, read_reply
+
+HARMONY = ("<|channel|>analysis<|message|>User says hi.<|end|><|start|>assistant<|channel|>final"
+           "<|message|>Hello there!<|return|>")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize(("key", "lookup"), [("option.reasoning_parser", reasoning_parser),
+                                             ("option.tool_call_parser", tool_parser)])
+def test_an_unknown_name_names_the_key_and_the_known_names(key, lookup) -> None:
+    with pytest.raises(ConfigError) as err:
+        lookup("nope")
+    assert err.value.field == key
+    assert "nope" in str(err.value) and ("deepseek_r1" in str(err.value) or "hermes" in str(err.value))
+
+
+def test_harmony_reads_the_analysis_channel_as_reasoning() -> None:
+    reply = read_reply(HARMONY, reasoning_parser("openai_gptoss"), None, [])
+    assert (reply.reasoning, reply.content) == ("User says hi.", "Hello there!")
+    assert HARMONY[reply.content_start:].startswith("Hello there!")
+
+
+def test_harmony_streamed_character_by_character_gives_the_same_fields() -> None:
+    stream = ReplyStream(reasoning_parser("openai_gptoss"), None)
+    reasoning = content = ""
+    for i in range(1, len(HARMONY) + 1):
+        delta = stream.feed(HARMONY[:i], i == len(HARMONY))
+        reasoning, content = reasoning + delta.reasoning, content + delta.content
+        assert "<|" not in delta.reasoning + delta.content
+    assert (reasoning, content) == ("User says hi.", "Hello there!")
+
+
+def test_the_builtin_reading_takes_only_whole_replies_of_known_functions() -> None:
+    parser = tool_parser("json")
+    call = read_reply('{"name": "get_weather", "arguments": {"city": "Oslo"}}', None, parser, TOOLS)
+    assert [(c.name, c.arguments) for c in call.calls] == [("get_weather", '{"city": "Oslo"}')]
+    other = read_reply('{"name": "rm_rf", "arguments": {}}', None, parser, TOOLS)
+    assert other.calls == [] and other.content == '{"name": "rm_rf", "arguments": {}}'
+
+
+def test_a_stream_holds_back_a_tail_that_may_become_a_marker() -> None:
+    stream = ReplyStream(None, tool_parser("hermes"), TOOLS)
+    assert stream.feed("Sure <tool_", False).content == "Sure "
+    assert stream.feed("Sure <tool_", True).content == "<tool_"
