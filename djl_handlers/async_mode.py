@@ -20,6 +20,7 @@ client goes away or a request times out); closing a request's reply generator do
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -153,17 +154,17 @@ class _NativeRun:
     def __init__(self, batch: RollingBatch, engine: Any, request: Any) -> None:
         self.request = request
         self._engine = engine
-        self.slot, self._engine_request = batch.prepare(request)
+        self.slot, self._engine_requests = batch.prepare(request)
 
     async def records(self) -> AsyncIterator[Any]:
         slot = self.slot
-        if self._engine_request is None:  # the slot failed before the engine saw it
+        if not self._engine_requests:  # the slot failed before the engine saw it
             yield slot.record(), slot.content_type, None
             return
         exhausted = False
         try:
             try:
-                async for outputs in self._engine.generate_async(self._engine_request):
+                async for outputs in _merged(self._engine, self._engine_requests):
                     for step in outputs:
                         slot.consume(step)
                     record = slot.record()
@@ -181,11 +182,46 @@ class _NativeRun:
                 yield slot.record(), slot.content_type, None
         finally:
             if not exhausted:
-                await _abort_quietly(self._engine, self._engine_request.request_id)
+                for engine_request in self._engine_requests:
+                    await _abort_quietly(self._engine, engine_request.request_id)
 
     def cancel(self) -> None:
         """Finish now: the next record is the last (empty), then the engine aborts the request."""
         self.slot.cancel()
+
+
+async def _merged(engine: Any, requests: list[Any]) -> AsyncIterator[list[Any]]:
+    """The outputs of ``engine.generate_async`` for every request (one per prompt of a request with
+    several), as they come; the first failure ends them all."""
+    if len(requests) == 1:
+        async for outputs in engine.generate_async(requests[0]):
+            yield outputs
+        return
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def pump(request: Any) -> None:
+        try:
+            async for outputs in engine.generate_async(request):
+                await queue.put(outputs)
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(request)) for request in requests]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def _abort_quietly(engine: Any, request_id: int) -> None:

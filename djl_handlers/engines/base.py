@@ -47,7 +47,10 @@ class StepOutput:
     ``prompt_logprobs`` (``decoder_input_details``), on a request's first output only: one entry
     per prompt token, the log-prob of that token given the ones before it (the first is None);
     ``top_tokens`` (``top_n_tokens``): the N most likely ``(token_id, log_prob)`` of the
-    distribution this token's ``log_prob`` comes from, most likely first.
+    distribution this token's ``log_prob`` comes from, most likely first;
+    ``prompt_top_tokens`` (both ``decoder_input_details`` and ``top_n_tokens``), beside
+    ``prompt_logprobs``: per prompt token, the N most likely tokens at that position (None for
+    the first).
     """
 
     request_id: int
@@ -58,6 +61,7 @@ class StepOutput:
     error: Optional[str] = None
     prompt_logprobs: Optional[Sequence[Optional[float]]] = None
     top_tokens: Optional[Sequence[tuple[int, float]]] = None
+    prompt_top_tokens: Optional[Sequence[Optional[Sequence[tuple[int, float]]]]] = None
 
 
 def check_prompt_length(n: int, max_model_len: int) -> None:

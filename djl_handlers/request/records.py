@@ -66,13 +66,17 @@ class ToolPlan:
 class ResponseOptions:
     """How a client shaped its response outside ``parameters`` (read from OpenAI bodies; other
     requests keep the defaults): ``model`` echoed (empty: the formatter's default), ``logprobs``
-    (chat: bool; completions: the integer N, None when not asked), chat's ``top_logprobs`` and
-    ``stream_options.include_usage``."""
+    (chat: bool; completions: the integer N, None when not asked), chat's ``top_logprobs``,
+    ``stream_options.include_usage``, completions' ``echo`` (the prompt, and with ``logprobs`` its
+    log-probs, before the completion) and ``prompt_only`` (``max_tokens`` 0 with ``echo``: the
+    decoded token is not shown)."""
 
     model: str = ""
     logprobs: Union[bool, int, None] = None
     top_logprobs: int = 0
     include_usage: bool = False
+    echo: bool = False
+    prompt_only: bool = False
 
 
 class FormatterState:
@@ -94,7 +98,10 @@ class Request:
     client set for its response outside ``parameters``; ``formatter_state``: owned by the request's
     formatter (None until its first call); ``legacy_id``: the ``id`` argument DJL v0.27's six-argument
     custom formatters receive. ``add_special_tokens``: whether tokenizing the prompt adds the
-    tokenizer's special tokens (None: the tokenizer's default).
+    tokenizer's special tokens (None: the tokenizer's default). ``prompt_ids``: the prompt as token
+    ids when the client sent ids (OpenAI completions), used as they are (``prompt`` is then their
+    text, decoded by the scheduler). ``per_prompt``: a request with several prompts (OpenAI
+    completions with a list), one request per prompt in order, each answered as its own choice(s).
     """
 
     prompt: str
@@ -110,6 +117,8 @@ class Request:
     formatter_state: Optional[FormatterState] = None
     legacy_id: int = 0
     add_special_tokens: Optional[bool] = None
+    prompt_ids: Optional[tuple[int, ...]] = None
+    per_prompt: tuple[Request, ...] = ()
 
     def adapter_of(self, index: int = 0) -> Optional[str]:
         """The adapter of prompt ``index`` (None: the base model)."""
@@ -128,11 +137,14 @@ class RequestOutput:
     ``top_tokens`` (only with ``parameters.top_n_tokens``): one list per entry of ``tokens``,
     the N most likely tokens of that step's distribution, most likely first (empty when the
     engine reported none).
+    ``prompt_top_tokens`` (only with both): per prompt token, the N most likely tokens at that
+    position (None for the first).
     ``sequences`` (only for a request that decodes several samples, ``n``/``best_of`` > 1): each
     sample's own output, in sample order while decoding; once finished, when fewer are returned than
     decoded, ranked best first by cumulative log-probability (the response shows the first
     ``params.samples.returned_count``: ``request.sequences.returned``); this object's own ``tokens``
-    then stay empty.
+    then stay empty. A request with several prompts (``Request.per_prompt``) lists every choice
+    here, prompt by prompt (each prompt's samples in sample order).
     """
 
     request: Request
@@ -141,6 +153,7 @@ class RequestOutput:
     new_tokens: list[Token] = field(default_factory=list)
     prefill: list[Token] = field(default_factory=list)
     top_tokens: list[list[Token]] = field(default_factory=list)
+    prompt_top_tokens: list[Optional[list[Token]]] = field(default_factory=list)
     finished: bool = False
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None

@@ -27,9 +27,11 @@ def ranked(outputs: Sequence[RequestOutput]) -> list[RequestOutput]:
 def returned(out: RequestOutput) -> list[RequestOutput]:
     """The samples the response holds, in its order: the first ``returned_count`` of
     ``out.sequences`` (the scheduler ranks them, best first, when fewer are returned than decoded);
-    ``[out]`` for a one-sequence request."""
+    ``[out]`` for a one-sequence request; every choice of a request with several prompts."""
     if not out.sequences:
         return [out]
+    if out.request.per_prompt:
+        return out.sequences
     return out.sequences[: returned_count(out.request.params)]
 
 

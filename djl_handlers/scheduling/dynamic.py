@@ -61,7 +61,7 @@ FormatterFor = Callable[[Request], Optional[Any]]
 def _new_slot(engine: Engine, request: Request, prompt: str, index: int = 0,
               whole: bool = False) -> tuple[RequestSlot, list[int]]:
     """A slot for prompt ``index``; ``whole`` keeps the request itself (a formatter needs its dialect fields)."""
-    ids = tokenize_prompt(engine, request, prompt)
+    ids = tokenize_prompt(engine, request, None if whole else prompt)
     adapter = request.adapter_of(index)
     sub = request if whole else Request(prompt=prompt, params=request.params, inputs=prompt,
                                         adapters=(adapter,) if adapter else ())
@@ -87,6 +87,9 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
     for index, request in enumerate(requests):
         try:
             refuse_samples(request)
+            if request.per_prompt:
+                raise InvalidParameter("a list of prompts needs rolling batch (option.rolling_batch); send one "
+                                       "prompt per request", field="prompt")
             if check is not None:
                 check(request.params)
             formatter = formatter_for(request) if formatter_for is not None else None

@@ -8,7 +8,8 @@ sides once its record says ``last``. ``RollingBatch`` keeps the Python side of t
 Errors are isolated: a request that fails to parse, tokenize or sample gets its own error record;
 an exception from the engine's batched step fails only the requests that were in that step.
 A request with several samples (``n``/``best_of`` > 1) is one slot holding one engine request id
-per sample (:mod:`djl_handlers.scheduling.samples`).
+per sample (:mod:`djl_handlers.scheduling.samples`); a request with several prompts is one slot
+holding one engine request per prompt (:mod:`djl_handlers.scheduling.prompts`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_
 from djl_handlers.formatting.base import Formatter
 from djl_handlers.params.samples import sample_count, sample_seed
 from djl_handlers.request.records import Request
+from djl_handlers.scheduling.prompts import PromptGroup, check_prompt_list, engine_ids
 from djl_handlers.scheduling.samples import SampleGroup, check_sample_format
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -45,31 +47,42 @@ class RollingBatch:
     # -- admission ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> RequestSlot:
         """Append a parsed request; failures become an error slot, never an exception."""
-        slot, engine_request = self.prepare(request)
+        slot, engine_requests = self.prepare(request)
         self.slots.append(slot)
-        if engine_request is not None:
-            try:
+        try:
+            for engine_request in engine_requests:
                 self.engine.add_request(engine_request)
                 slot.in_engine = True
-            except Exception as exc:  # noqa: BLE001
-                slot.fail(message_of(exc), status_of(exc))
+        except Exception as exc:  # noqa: BLE001
+            slot.fail(message_of(exc), status_of(exc))
         return slot
 
-    def prepare(self, request: Request) -> tuple[RequestSlot, Optional[EngineRequest]]:
-        """A new slot for ``request`` and what to give the engine (None: the slot already failed,
-        e.g. its prompt does not tokenize or is too long). Adds nothing to the batch."""
+    def prepare(self, request: Request) -> tuple[RequestSlot, list[EngineRequest]]:
+        """A new slot for ``request`` and what to give the engine (empty: the slot already failed,
+        e.g. its prompt does not tokenize or is too long; several for several prompts). Adds
+        nothing to the batch."""
         slot_id = self._new_id()
         try:
             formatter = self._formatter_factory(request)
         except DjlHandlersError as exc:
-            return error_slot(exc, request, None, slot_id), None
+            return error_slot(exc, request, None, slot_id), []
         try:
             check_sample_format(request, formatter)
-            prompt_ids = self._tokenize(request)
+            check_prompt_list(request)
+            if request.per_prompt:
+                parts = [self._prepare_one(part, formatter, self._new_id()) for part in request.per_prompt]
+                group = PromptGroup(request, formatter, slot_id, [p for p, _ in parts], self._release_id)
+                return group, [r for _, r in parts]
+            slot, engine_request = self._prepare_one(request, formatter, slot_id)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
             slot = RequestSlot(request, formatter, slot_id)
             slot.fail(_naming_field(exc), status_of(exc))
-            return slot, None
+            return slot, []
+        return slot, [engine_request]
+
+    def _prepare_one(self, request: Request, formatter: Formatter, slot_id: int) -> tuple[RequestSlot, EngineRequest]:
+        """The slot of one prompt (a ``SampleGroup`` for several samples) and its engine request."""
+        prompt_ids = self._tokenize(request)
         adapter = request.adapter_of(0)
         if sample_count(request.params) > 1:
             ids = [slot_id, *(self._new_id() for _ in range(sample_count(request.params) - 1))]
@@ -125,7 +138,7 @@ class RollingBatch:
     def _run_engine(self) -> None:
         if not any(s.in_engine and not s.finished for s in self.slots):
             return
-        by_id = {rid: s for s in self.slots if s.in_engine for rid in _engine_ids(s)}
+        by_id = {rid: s for s in self.slots if s.in_engine for rid in engine_ids(s)}
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - the batch failed; fail its members only
@@ -140,9 +153,9 @@ class RollingBatch:
 
     def _release(self, slot: RequestSlot) -> None:
         slot.in_engine = False
-        for request_id in _engine_ids(slot):
+        for request_id in engine_ids(slot):
             self._release_id(request_id)
-        if isinstance(slot, SampleGroup):
+        if isinstance(slot, (SampleGroup, PromptGroup)):
             slot.released()
 
     def _release_id(self, request_id: int) -> None:
@@ -157,11 +170,6 @@ class RollingBatch:
             if slot.in_engine:
                 self._release(slot)
         self.slots = []
-
-
-def _engine_ids(slot: RequestSlot) -> list[int]:
-    """The engine request ids ``slot`` holds: one, or one per sample still running."""
-    return slot.engine_ids if isinstance(slot, SampleGroup) else [slot.request_id]
 
 
 def error_slot(exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None,

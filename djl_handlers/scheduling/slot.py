@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.engines.base import Engine, StepOutput, Tokenizer, check_prompt_length
+from djl_handlers.errors import InvalidRequest
 from djl_handlers.extensions import REQUEST_ID_PROPERTY, STATS_RECORD_KEY, STEP_TOKENS_KEY
 from djl_handlers.request.records import Request, RequestOutput, Token
 from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
@@ -124,6 +125,9 @@ class RequestSlot:
         self.output.new_tokens.append(token)
         if step.prompt_logprobs is not None:
             self.output.prefill = self._prefill_tokens(step.prompt_logprobs)
+        if step.prompt_top_tokens is not None:
+            self.output.prompt_top_tokens = [None if top is None else [self._lone_token(t, lp) for t, lp in top]
+                                             for top in step.prompt_top_tokens]
         if self._top_n:
             self.output.top_tokens.append([self._lone_token(t, lp) for t, lp in step.top_tokens or ()])
         self._check_stop(step, is_eos or stop_id)
@@ -221,11 +225,14 @@ class RequestSlot:
 
 
 def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = None) -> list[int]:
-    """Token ids of the request's prompt (with the tokenizer's special tokens unless the request
-    says otherwise), truncated by ``parameters.truncate`` (keeping the end) and checked against the
-    model's context length."""
+    """Token ids of the request's prompt (the client's own ids when it sent ids; else the text
+    encoded with the tokenizer's special tokens unless the request says otherwise; the ids' text
+    becomes ``request.prompt``, which ``echo`` shows), truncated by ``parameters.truncate`` (keeping
+    the end) and checked against the model's context length."""
     text = request.prompt if prompt is None else prompt
-    if request.add_special_tokens is None:
+    if request.prompt_ids is not None and prompt is None:
+        ids = _client_ids(engine, request)
+    elif request.add_special_tokens is None:
         ids = list(engine.tokenizer.encode(text))
     else:
         ids = list(engine.tokenizer.encode(text, add_special_tokens=request.add_special_tokens))
@@ -233,4 +240,17 @@ def tokenize_prompt(engine: Engine, request: Request, prompt: Optional[str] = No
     if truncate is not None and len(ids) > truncate:
         ids = ids[-truncate:]
     check_prompt_length(len(ids), engine.max_model_len)
+    return ids
+
+
+def _client_ids(engine: Engine, request: Request) -> list[int]:
+    """The client's token ids, checked against the vocabulary; their text becomes the prompt."""
+    ids = list(request.prompt_ids or ())
+    sized: Any = engine.tokenizer
+    vocab = len(sized) if hasattr(sized, "__len__") else None
+    bad = [i for i in ids if i < 0 or (vocab is not None and i >= vocab)]
+    if bad:
+        raise InvalidRequest(f"prompt holds token id {bad[0]}, outside the vocabulary [0, {vocab})", field="prompt")
+    if not request.prompt:
+        request.prompt = engine.tokenizer.decode(ids, skip_special_tokens=False)
     return ids

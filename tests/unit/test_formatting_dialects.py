@@ -176,14 +176,31 @@ def test_chat_logprobs_use_utf8_bytes() -> None:
 
 
 def test_completion_logprobs_and_echo_offsets() -> None:
-    extra = {**EXTRA, "logprobs": 1}
-    out = make_output(extra=extra, return_full_text=True)
+    extra = {**EXTRA, "logprobs": 1, "echo": True}
+    out = make_output(extra=extra, return_full_text=True, decoder_input_details=True)
+    out.prefill = [Token(1, "Say", None), Token(2, " hi:", -2.0), Token(3, " ", float("-inf"))]
+    out.prompt_top_tokens = [None, [Token(4, " yo", -1.0)], [Token(5, "\n", -0.1)]]
+    out.top_tokens = [[Token(10, "Bon", -0.5)], [Token(13, "soir", -0.2)], [Token(12, " !", -0.125)]]
     obj = json.loads(body_of("completion_json", out, [TOKS]))
     choice = obj["choices"][0]
     assert choice["text"] == "Say hi: Bonjour !"
-    assert choice["logprobs"]["text_offset"] == [8, 11, 15]
-    assert choice["logprobs"]["tokens"] == ["Bon", "jour", " !"]
-    assert choice["logprobs"]["top_logprobs"][1] == {"jour": -0.25}
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["Say", " hi:", " ", "Bon", "jour", " !"]
+    assert lp["text_offset"] == [0, 3, 7, 8, 11, 15]
+    assert lp["token_logprobs"] == [None, -2.0, -9999.0, -0.5, -0.25, -0.125]
+    assert lp["top_logprobs"][0] is None
+    assert lp["top_logprobs"][1] == {" hi:": -2.0, " yo": -1.0}  # the chosen one and the top one
+    assert lp["top_logprobs"][3] == {"Bon": -0.5}  # the chosen one is the top one
+    assert lp["top_logprobs"][4] == {"jour": -0.25, "soir": -0.2}
+
+
+def test_completion_echo_without_tokens_shows_the_prompt_alone() -> None:
+    out = make_output(extra={**EXTRA, "logprobs": 0, "echo": True, "prompt_only": True}, return_full_text=True)
+    out.prefill = [Token(1, "Say", None), Token(2, " hi: ", -2.0)]
+    choice = json.loads(body_of("completion_json", out, [TOKS[:1]], finish="length"))["choices"][0]
+    assert choice["text"] == "Say hi: " and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == ["Say", " hi: "]
+    assert choice["logprobs"]["top_logprobs"] == [None, {" hi: ": -2.0}]
 
 
 def test_openai_error_non_stream_and_stream() -> None:

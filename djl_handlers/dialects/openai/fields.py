@@ -122,14 +122,19 @@ def _ignored(name: str, schema: Mapping[str, Any] | None = None) -> BodyField:
 
 
 _CHAT_ONLY, _COMPLETION_ONLY = frozenset((CHAT,)), frozenset((COMPLETION,))
+_TOKEN_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
 
 _TABLE: tuple[BodyField, ...] = (
     # OpenAI's own fields
     _own("model", _nullable({"type": "string"}), description="the model, or a registered LoRA adapter (selects it)"),
     _own("messages", {"type": "array", "minItems": 1, "items": _MESSAGE}, _CHAT_ONLY),
-    _own("prompt", {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "maxItems": 1,
-                                                   "items": {"type": "string"}}]}, _COMPLETION_ONLY),
-    _own("max_tokens", _nullable(_INT1), description=f"default {DEFAULT_MAX_TOKENS}"),
+    _own("prompt", {"anyOf": [{"type": "string"}, _TOKEN_IDS,
+                              {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                              {"type": "array", "minItems": 1, "items": _TOKEN_IDS}]}, _COMPLETION_ONLY,
+         "a prompt (text or token ids) or a list of prompts, one choice (n with n > 1) each, in order"),
+    _own("max_tokens", _nullable(_INT1), _CHAT_ONLY, description=f"default {DEFAULT_MAX_TOKENS}"),
+    _own("max_tokens", _nullable({"type": "integer", "minimum": 0}), _COMPLETION_ONLY,
+         description=f"default {DEFAULT_MAX_TOKENS}; 0 only with echo (the prompt's log-probs alone)"),
     _own("max_completion_tokens", _nullable(_INT1)),
     _own("temperature", _nullable({"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE}),
          description="default 1.0; 0 is greedy"),
@@ -142,7 +147,7 @@ _TABLE: tuple[BodyField, ...] = (
     _own("logprobs", _nullable({"type": "integer", "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS}),
          _COMPLETION_ONLY),
     _own("top_logprobs", _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}), _CHAT_ONLY),
-    _own("echo", _BOOL, _COMPLETION_ONLY, "the prompt before the completion"),
+    _own("echo", _BOOL, _COMPLETION_ONLY, "the prompt (and, with logprobs, its log-probs) before the completion"),
     _own("response_format", _nullable(_RESPONSE_FORMAT)),
     _own("structured_outputs", _nullable(_STRUCTURED_OUTPUTS), description="vLLM's constraint object"),
     _own("tools", _nullable({"type": "array", "minItems": 1, "items": _TOOL}), _CHAT_ONLY),

@@ -30,8 +30,9 @@ are handled by :mod:`djl_handlers.dialects.openai.tools`; forced calls become a 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from djl_handlers.dialects.openai.fields import (
     CHAT,
@@ -48,12 +49,13 @@ from djl_handlers.dialects.openai.fields import (
 from djl_handlers.dialects.openai.tools import check_messages, parse_tools, render_messages
 from djl_handlers.errors import DjlHandlersError, InvalidParameter, InvalidRequest
 from djl_handlers.lora.selection import openai_adapter, select_adapters
+from djl_handlers.params.support import supported_parameters
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.parser import ChatTemplate, ParserSettings, check_text, generation_parameters
 from djl_handlers.request.records import Request, ResponseOptions, ToolPlan
 
 __all__ = ["CHAT_KEYS", "COMPLETION_KEYS", "DEFAULT_MAX_TOKENS", "OpenAIRequest", "chat_to_lmi",
-           "completion_to_lmi", "openai_request", "response_format"]
+           "completion_prompts", "completion_to_lmi", "openai_request", "response_format", "with_prompts"]
 
 CHAT_KEYS = allowed(CHAT)
 COMPLETION_KEYS = allowed(COMPLETION)
@@ -61,6 +63,8 @@ GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "gui
 # LMI parameter -> the OpenAI field that sets it, where the names differ (for error messages)
 _BODY_NAMES = {f.parameter: f.name for f in FIELDS[CHAT].values() if f.parameter and f.parameter != f.name}
 _BODY_NAMES["max_new_tokens"] = "max_tokens"
+_BODY_NAMES["decoder_input_details"] = "echo"  # set by echo with logprobs
+Prompt = Union[str, tuple[int, ...]]  # a completions prompt: text or token ids
 # keys chat_template_kwargs may not set: the call's own arguments, set by the fields that own them
 _TEMPLATE_RESERVED = frozenset({"conversation", "messages", "tools", "tokenize", "return_dict", "chat_template",
                                 "add_generation_prompt", "continue_final_message", "documents"})
@@ -77,6 +81,7 @@ class OpenAIRequest:
     options: ResponseOptions = field(default_factory=ResponseOptions)
     tools: Optional[ToolPlan] = None  # set when the reply may be a tool call
     add_special_tokens: Optional[bool] = None  # None: the tokenizer's default
+    prompts: tuple[Prompt, ...] = ()  # completions: every prompt (text or token ids), in order
 
 
 def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *, chat: bool) -> Request:
@@ -87,6 +92,8 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
         by_model = openai_adapter(body.get("model"), settings.adapters)
         adapters = (by_model,) if by_model else ()
     req = chat_to_lmi(rest, settings.chat_template) if chat else completion_to_lmi(rest)
+    if "top_n_tokens" not in supported_parameters(settings.engine):
+        req.parameters.pop("top_n_tokens", None)  # the engine reports no alternatives: the chosen token only
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
         # the default never exceeds the server's cap (option.max_new_tokens_limit), as LMI's does not
         req.parameters["max_new_tokens"] = min(DEFAULT_MAX_TOKENS, settings.max_new_tokens_limit)
@@ -97,10 +104,11 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
     options = req.options
     if adapters and adapters[0]:
         options = replace(options, model=adapters[0])  # the response names the adapter that answered
-    return Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
-                   inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
-                   properties=dict(item.get_properties()), adapters=adapters, tools=req.tools,
-                   response_options=options, add_special_tokens=req.add_special_tokens)
+    request = Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
+                      inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
+                      properties=dict(item.get_properties()), adapters=adapters, tools=req.tools,
+                      response_options=options, add_special_tokens=req.add_special_tokens)
+    return with_prompts(request, req.prompts)
 
 
 def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> OpenAIRequest:
@@ -122,6 +130,8 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> 
     stream = _bool(body.get("stream"), "stream", False)
     options = _options(body, logprobs=logprobs, top_logprobs=top or 0)
     params = _common_parameters(body, CHAT)
+    if logprobs and top:
+        params["top_n_tokens"] = top  # each token's N most likely alternatives
     special = _optional_bool(body, "add_special_tokens")
     if plan.schema is not None:
         if any(k.startswith("guided_") for k in params):
@@ -177,25 +187,73 @@ def render_chat(template: ChatTemplate, messages: list[dict[str, Any]], tools: A
 def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
     """Validate a ``/v1/completions`` body."""
     _check_fields(body, COMPLETION)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise InvalidRequest("prompt must be a string (one prompt per request)", field="prompt")
-    check_text(prompt, "prompt")
+    prompts = completion_prompts(body.get("prompt"))
     logprobs = body.get("logprobs")
     if logprobs is not None and not _int_in(logprobs, 0, MAX_COMPLETION_LOGPROBS):
-        raise InvalidParameter(f"logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}]", field="logprobs")
-    params = _common_parameters(body, COMPLETION)
+        raise InvalidParameter(f"logprobs must be an integer in [0, {MAX_COMPLETION_LOGPROBS}], got {_show(logprobs)}",
+                               field="logprobs")
+    echo = _bool(body.get("echo"), "echo", False)
+    prompt_only = body.get("max_tokens") == 0 and not isinstance(body.get("max_tokens"), bool)
+    if prompt_only and not echo:
+        raise InvalidParameter("max_tokens must be a positive integer (0 only with echo: the prompt alone), got 0",
+                               field="max_tokens")
+    # max_tokens 0 with echo: one token is decoded (the prompt's forward gives it) and not shown, as vLLM does
+    params = _common_parameters({**body, "max_tokens": 1} if prompt_only else body, COMPLETION)
     if body.get("best_of") not in (None, 1):  # OpenAI returns n (default 1) of the best_of samples
         params.update(best_of=body["best_of"], n=params.get("n", 1))
         _check_greedy_samples(params, "best_of")
-    if _bool(body.get("echo"), "echo", False):
+    if logprobs:
+        params["top_n_tokens"] = logprobs  # each position's N most likely tokens
+    if echo:
         params["return_full_text"] = True
+        if logprobs is not None:
+            params["decoder_input_details"] = True  # the prompt tokens' log-probs (and their top N)
     stream = _bool(body.get("stream"), "stream", False)
-    options = _options(body, logprobs=logprobs)
-    return OpenAIRequest(prompt, params, stream, "completion_sse" if stream else "completion_json", options,
-                         add_special_tokens=_optional_bool(body, "add_special_tokens"))
+    options = replace(_options(body, logprobs=logprobs), echo=echo, prompt_only=prompt_only)
+    first = prompts[0] if isinstance(prompts[0], str) else ""
+    return OpenAIRequest(first, params, stream, "completion_sse" if stream else "completion_json", options,
+                         add_special_tokens=_optional_bool(body, "add_special_tokens"), prompts=tuple(prompts))
+
+
+def completion_prompts(value: Any) -> list[Prompt]:
+    """The prompts of a completions body: a string, a list of token ids, or a non-empty list of
+    strings or of token-id lists (one choice each, in order)."""
+    if isinstance(value, str):
+        check_text(value, "prompt")
+        return [value]
+    expected = "a string, a list of token ids, or a non-empty list of strings or of token-id lists"
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"prompt must be {expected}, got {_show(value)}", field="prompt")
+    if all(_is_token_id(v) for v in value):
+        return [tuple(value)]
+    kind = str if isinstance(value[0], str) else list
+    prompts: list[Prompt] = []
+    for index, item in enumerate(value):
+        if kind is str and isinstance(item, str):
+            check_text(item, f"prompt[{index}]")
+            prompts.append(item)
+        elif kind is list and isinstance(item, list) and item and all(_is_token_id(v) for v in item):
+            prompts.append(tuple(item))
+        else:
+            what = "a string" if kind is str else "a non-empty list of token ids (non-negative integers)"
+            raise InvalidRequest(f"prompt[{index}] must be {what} like prompt[0], got {_show(item)}", field="prompt")
+    return prompts
+
+
+def with_prompts(request: Request, prompts: Sequence[Prompt]) -> Request:
+    """``request`` for ``prompts``: its prompt (text, or token ids whose text the scheduler decodes),
+    or, for several, one request per prompt in ``per_prompt``."""
+    if not prompts:
+        return request
+    parts = tuple(replace(request, prompt=p, inputs=p) if isinstance(p, str)
+                  else replace(request, prompt="", inputs=list(p), prompt_ids=p) for p in prompts)
+    if len(parts) == 1:
+        return parts[0]
+    return replace(request, prompt="", inputs=[p.inputs for p in parts], per_prompt=parts)
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _common_parameters(body: dict[str, Any], api: str) -> dict[str, Any]:

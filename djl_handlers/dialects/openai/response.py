@@ -9,9 +9,10 @@ What the formatters read from the request's ``ResponseOptions`` (``Request.respo
 the OpenAI parser fills from the body):
 
 - ``model`` (str): echoed as ``model``; ``"lmi"`` when empty.
-- ``logprobs``: chat: bool; completions: int (legacy ``logprobs: N``); None/false: none.
-- ``top_logprobs`` (chat, int): when > 0 each token's ``top_logprobs`` lists the chosen token
-  (the engines report no alternatives).
+- ``logprobs``: chat: bool; completions: int (legacy ``logprobs: N``); None/false: none. The
+  objects are built by :mod:`.logprobs` (``top_logprobs`` with the N most likely tokens).
+- ``echo`` / ``prompt_only`` (completions): the prompt (and its log-probs) before the completion;
+  with ``max_tokens`` 0 the prompt alone.
 - ``include_usage`` (``stream_options.include_usage``): adds ``"usage": null`` to every chunk and a
   final chunk with ``"choices": []`` and the usage before ``[DONE]``.
 
@@ -20,7 +21,8 @@ What they fix on the first call and repeat on every later one (``OpenAIState``, 
 ``requestId`` property, else ``-<hex>``) and ``created`` (the current Unix time).
 
 Choices: one (index 0), or one per returned sample with ``n`` > 1 (``RequestOutput.sequences``; with
-``best_of`` the best ``n`` by cumulative log-probability, best first). A stream sends each choice's
+``best_of`` the best ``n`` by cumulative log-probability, best first), or, for a completions
+request with several prompts, one per prompt and sample (index = prompt × n + sample). A stream sends each choice's
 tokens under its ``index`` as they come, and its ``finish_reason`` when that choice ends; ``usage``
 counts the tokens of every sample decoded (``best_of`` included), as OpenAI bills them. Finish reasons map
 ``eos_token``/``stop_sequence`` -> ``stop`` and ``length`` -> ``length``. A failure is the nested
@@ -36,6 +38,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Optional
 
+from djl_handlers.dialects.openai.logprobs import chat_logprobs, completion_logprobs, shown_tokens
 from djl_handlers.dialects.openai.state import state_of
 from djl_handlers.dialects.openai.tool_calls import tool_message
 from djl_handlers.extensions import REQUEST_ID_PROPERTY
@@ -46,7 +49,6 @@ from djl_handlers.formatting.lmi import (
     dumps_compact,
     error_code,
     error_message,
-    finite,
     first_new_index,
     is_error,
     step_events,
@@ -123,44 +125,17 @@ def openai_error_object(code: int, message: str, param: Optional[str] = None,
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-# --------------------------------------------------------------------------- logprobs
-
-
-def chat_logprobs(out: RequestOutput, tokens: list[Token]) -> Optional[dict[str, Any]]:
-    """Chat ``logprobs`` ``{"content": [{token, logprob, bytes, top_logprobs}]}`` or None."""
-    options = out.request.response_options
-    if not options.logprobs:
-        return None
-    top_n = options.top_logprobs
-    content = []
-    for tok in tokens:
-        entry = {"token": tok.text, "logprob": finite(tok.log_prob), "bytes": list(tok.text.encode("utf-8"))}
-        top = [dict(entry)] if top_n > 0 else []
-        content.append({**entry, "top_logprobs": top})
-    return {"content": content}
-
-
-def completion_logprobs(out: RequestOutput, tokens: list[Token], offset: int) -> Optional[dict[str, Any]]:
-    """Legacy completions ``logprobs`` (``text_offset``, ``token_logprobs``, ``tokens``,
-    ``top_logprobs``); offsets count characters of the returned text, starting at ``offset``."""
-    wanted = out.request.response_options.logprobs
-    if wanted is None or wanted is False:
-        return None
-    offsets = []
-    for tok in tokens:
-        offsets.append(offset)
-        offset += len(tok.text)
-    top = [{tok.text: finite(tok.log_prob)} for tok in tokens] if int(wanted) > 0 else None
-    return {
-        "text_offset": offsets,
-        "token_logprobs": [finite(tok.log_prob) for tok in tokens],
-        "tokens": [tok.text for tok in tokens],
-        "top_logprobs": top,
-    }
+# --------------------------------------------------------------------------- completions text
 
 
 def _prefix(out: RequestOutput) -> str:
     return out.full_text[: len(out.full_text) - len(out.generated_text)]
+
+
+def completion_text(out: RequestOutput) -> str:
+    """A completions choice's ``text``: the prompt with ``echo``, then the generated text (none
+    for ``max_tokens`` 0)."""
+    return _prefix(out) if out.request.response_options.prompt_only else out.full_text
 
 
 # --------------------------------------------------------------------------- non-stream
@@ -201,8 +176,9 @@ class OpenAIJsonFormatter(Formatter):
             choice["message"] = {"role": "assistant", "content": seq.generated_text}
             choice["logprobs"] = chat_logprobs(seq, seq.tokens)
         else:
-            choice["text"] = seq.full_text
-            choice["logprobs"] = completion_logprobs(seq, seq.tokens, len(_prefix(seq)))
+            choice["text"] = completion_text(seq)
+            choice["logprobs"] = completion_logprobs(seq, shown_tokens(seq), 0,
+                                                     with_prompt=seq.request.response_options.echo)
         choice["finish_reason"] = openai_finish_reason(seq)
         if self.kind == "chat" and seq.request.tools is not None:
             called = tool_message(seq)
@@ -272,12 +248,12 @@ class OpenAIStreamFormatter(Formatter):
             if not placeholder or index == 0:
                 delta["content"] = token.text
             choice["delta"] = delta
-            choice["logprobs"] = chat_logprobs(seq, tokens)
+            choice["logprobs"] = chat_logprobs(seq, tokens, index)
         else:
-            prefix = _prefix(seq)
-            offset = len(prefix) + sum(len(t.text) for t in seq.tokens[:index])
-            choice["text"] = (prefix if index == 0 else "") + token.text
-            choice["logprobs"] = completion_logprobs(seq, tokens, offset)
+            options = seq.request.response_options
+            tokens = [] if options.prompt_only else tokens
+            choice["text"] = (_prefix(seq) if index == 0 else "") + "".join(t.text for t in tokens)
+            choice["logprobs"] = completion_logprobs(seq, tokens, index, with_prompt=options.echo and index == 0)
         choice["finish_reason"] = openai_finish_reason(seq) if closing else None
         chunk = {**self._envelope(out), "choices": [choice]}
         if include_usage(out):

@@ -43,7 +43,8 @@ Log-probs: see :mod:`djl_handlers.engines.hf.sampling` (model distribution, befo
 Only for rows that ask: ``top_n_tokens`` adds each token's most likely alternatives
 (``StepOutput.top_tokens``); ``decoder_input_details`` adds the prompt tokens' log-probs to the
 first output (``StepOutput.prompt_logprobs``), from the final hidden states of the same prefill
-forward (captured by a hook, so the sampled first token is computed exactly as without it).
+forward (captured by a hook, so the sampled first token is computed exactly as without it);
+with both, each prompt position's top tokens too (``StepOutput.prompt_top_tokens``).
 """
 
 from __future__ import annotations
@@ -378,9 +379,9 @@ class HFEngine:
 
     def _prompt_lps(
         self, hidden: torch.Tensor | None, row: int, start: int, stop: int, targets: Sequence[int],
-        prefix: list[float | None],
+        prefix: list[float | None], top_n: int = 0,
     ) -> list[float | None]:
-        return prompt_lps(self.model, hidden, row, start, stop, targets, prefix)
+        return prompt_lps(self.model, hidden, row, start, stop, targets, prefix, top_n)
 
     def _compact(self) -> list[StepOutput]:
         """Drop done rows and the common left padding; fail rows that cannot grow any more."""
@@ -461,7 +462,7 @@ class HFEngine:
                 top = tops[i] if tops is not None else None
                 reason = "eos_token" if ended[i] else None  # the grammar is complete
                 outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top,
-                                          finish_reason=reason))
+                                          finish_reason=reason, prompt_top_tokens=getattr(prompt, "top", None)))
         return outputs
 
     def _prefill(self) -> list[StepOutput]:
@@ -601,7 +602,7 @@ class HFEngine:
                 logits, hidden = self._forward_capturing(ids, mask, pos, cache)
                 width = ids.shape[1]
                 prompt_lps = [
-                    self._prompt_lps(hidden, i, width - n, width - 1, r.request.prompt_ids[1:], [None])
+                    self._prompt_lps(hidden, i, width - n, width - 1, r.request.prompt_ids[1:], [None], r.top_n)
                     if r.prompt_lp else None
                     for i, (r, n) in enumerate(zip(group, lengths, strict=True))
                 ]
@@ -648,7 +649,8 @@ class HFEngine:
                 # position j predicts token j + 1: the chunk's last position predicts the next
                 # chunk's first token, or (last chunk) is the first generated token's logits.
                 targets = prompt[part.offset + 1 : end + 1]
-                part.prompt_lps = self._prompt_lps(hidden, 0, 0, len(targets), targets, part.prompt_lps or [None])
+                part.prompt_lps = self._prompt_lps(hidden, 0, 0, len(targets), targets, part.prompt_lps or [None],
+                                                   part.row.top_n)
             else:
                 logits = self._forward(ids, mask, pos, part.cache)
         except Exception as exc:  # noqa: BLE001 - isolate this request
