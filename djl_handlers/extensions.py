@@ -29,6 +29,10 @@
   ``/detokenize``, ``/info`` and ``/v1/models`` routes; property ``op`` names the question
   (:mod:`djl_handlers.queries`). DJL's front end never calls it.
 
+- ``STATUS_PROPERTY``: a dynamic-batch reply's ``batch_{i}_djl_handlers_status`` property: request i's
+  HTTP status (the pooling kinds set it for a request that failed beside others that succeed). DJL's
+  front end answers every request of a batch with the frame's code; the local server reads it.
+
 DJL's own names reused here (not extensions): property ``requestId`` (DJL's front end adds it to
 every request's Input), record key ``step_token_num`` (DJL's Python rolling batch writes it) and, in
 async mode, property ``request_tracking_id`` (DJL's ``AsyncRequestManager`` tags every request and
@@ -42,6 +46,7 @@ STATS_RECORD_KEY = "djl_handlers_stats"
 ENGINE_STATS_PROPERTY = "djl_handlers_engine_stats"
 ENGINE_STATS_EVERY_STEPS = 16
 QUERY_HANDLER = "djl_handlers_query"
+STATUS_PROPERTY = "djl_handlers_status"  # dynamic batch: batch_{i}_djl_handlers_status, request i's HTTP status
 
 REQUEST_ID_PROPERTY = "requestId"  # DJL 0.34's front end: Input property carrying x-request-id
 STEP_TOKENS_KEY = "step_token_num"  # DJL's Python rolling batch: tokens this step added

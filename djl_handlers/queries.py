@@ -84,6 +84,7 @@ def model_info(service: InferenceService) -> dict[str, Any]:
         "parameters_engine": service.settings.engine,
         "max_new_tokens_limit": service.settings.max_new_tokens_limit,
         "chat_template": service.settings.chat_template is not None,
+        "kind": service.kind,  # config/kinds.py: generation, embedding or rerank
     }
 
 

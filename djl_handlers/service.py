@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.async_mode import AsyncMode, record_output
+from djl_handlers.config.kinds import GENERATION, detect_kind
 from djl_handlers.config.resolve import check_async_mode
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.dialects.dispatch import parse_request
@@ -40,6 +41,7 @@ from djl_handlers.scheduling.rolling import RollingBatch
 if TYPE_CHECKING:
     from djl_handlers.config.models import ServingConfig
     from djl_handlers.formatting.base import Formatter
+    from djl_handlers.pooling.service import PoolingService
 
 LOG = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ class InferenceService:
         self._steps = 0
         self.lora: Optional[AdapterManager] = None
         self.async_mode: Optional[AsyncMode] = None
+        self.kind = "generation"  # config/kinds.py: generation, embedding or rerank
+        self.pooling: Optional[PoolingService] = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def initialize(self, properties: Mapping[str, str]) -> None:
@@ -74,10 +78,9 @@ class InferenceService:
         props = {k: v for k, v in properties.items() if not callable(v) and v is not None}
         if props.get("embedded_model") and not props.get("model_id"):
             from djl_handlers.config.preflight import init_options
-            from djl_handlers.model.embedded import embedded_model_dir
 
             init_options(props)  # the name must be one we ship, and its wheel installed
-            props["model_id"] = str(embedded_model_dir())
+            props["model_id"] = str(_embedded_dir(str(props["embedded_model"]).strip().lower()))
         elif not props.get("model_id") and _has_hf_config(props.get("model_dir")):
             # DJL's model_id_or_path: weights in the model directory itself are the model
             props["model_id"] = str(props["model_dir"])
@@ -85,6 +88,10 @@ class InferenceService:
         check_async_mode(props)  # async mode beside a rolling batch would never answer on DJL
         if not config.async_mode and _awaited_without_async_mode(props):
             config = replace(config, async_mode=True)  # engines with an async API build it (vLLM)
+        self.kind = detect_kind(config.pooling.task, config.model_id)
+        if self.kind != GENERATION:  # an embedder or a reranker: its own service, never generation
+            self._initialize_pooling(config)
+            return
         factory = self._engine_factory or _registry_factory(config)
         if isinstance(config.output_formatter, str):
             from djl_handlers.dialects.registry import resolve_name
@@ -125,11 +132,22 @@ class InferenceService:
             "async mode" if is_async else f"rolling_batch={config.resolved_rolling_batch()}",
         )
 
+    def _initialize_pooling(self, config: ServingConfig) -> None:
+        """Build the embedding/reranking service (:mod:`djl_handlers.pooling`)."""
+        from djl_handlers.pooling.service import build_pooling_service
+
+        self.pooling = build_pooling_service(config, self.kind, self.engine_name)
+        self.engine = self.pooling.engine  # type: ignore[assignment]  # the queries read its tokenizer and length
+        self.config = config
+        self.initialized = True
+
     def handle(self, inputs: Any) -> Any:
         """DJL's handler entry: init on first call, None for an empty Input, else one batch; in
         async mode an awaitable for one request (None, an Output or an async generator of them)."""
         if not self.initialized:
             self.initialize(inputs.get_properties())
+        if self.pooling is not None:
+            return self.pooling.handle(inputs)
         if self.async_mode is not None:
             return self.async_mode.handle(inputs)
         if inputs.is_empty():
@@ -344,6 +362,17 @@ async def _as_async_reply(out: Any) -> Any:
     props = out.get_properties() if hasattr(out, "get_properties") else {}
     content_type = next((v for k, v in props.items() if k.lower() == "content-type"), "application/json")
     return record_output(out, record, str(content_type))
+
+
+def _embedded_dir(name: str) -> Any:
+    """The folder of the embedded model ``name``: the generator (converted once) or a pooling model."""
+    from djl_handlers.model.embedder import POOLING_MODELS, pooling_model_dir
+
+    if name in POOLING_MODELS:
+        return pooling_model_dir(name)
+    from djl_handlers.model.embedded import embedded_model_dir
+
+    return embedded_model_dir()
 
 
 def _has_hf_config(model_dir: Any) -> bool:

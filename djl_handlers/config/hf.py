@@ -45,7 +45,6 @@ class HuggingFaceOptions:
     low_cpu_mem_usage: bool = False
     device_map: str | None = None
     attn_implementation: str | None = None
-    task: str | None = None
     quantize: str | None = None
     # the step
     # padded prompt tokens prefilled per step; None: the device's default (engines/hf/prefill_budget.py:
@@ -154,6 +153,5 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
         low_cpu_mem_usage=r.boolean("low_cpu_mem_usage", False),
         device_map=r.text("device_map"),
         attn_implementation=attn or None,
-        task=r.text("task"),
         quantize=quantize or None,
     )

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from djl_handlers.config.chat import ChatOptions, read_chat_options
 from djl_handlers.config.engines import DTYPE_NAMES, ENGINES, canonical_engine
 from djl_handlers.config.hf import HuggingFaceOptions, read_hf_options
+from djl_handlers.config.kinds import PoolingOptions, read_pooling
 from djl_handlers.config.parallel import ParallelOptions, read_parallel
 from djl_handlers.config.reader import Reader
 from djl_handlers.config.resolve import is_async_value
@@ -277,6 +279,8 @@ class ServingConfig:
     trtllm: TrtLlmOptions = field(default_factory=TrtLlmOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
+    pooling: PoolingOptions = field(default_factory=PoolingOptions)  # the embedding/rerank kinds (config/kinds.py)
+    chat: ChatOptions = field(default_factory=ChatOptions)  # reasoning and tool-call parsers (config/chat.py)
     raw: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -304,6 +308,8 @@ class ServingConfig:
             trtllm=_trtllm(reader) if name == "tensorrt_llm" else TrtLlmOptions(),
             lora=_lora(reader),
             parallel=read_parallel(reader, common["device"], name),
+            pooling=read_pooling(reader),
+            chat=read_chat_options(reader, common["model_dir"]),
             raw={str(k): str(v) for k, v in options.items()},
         )
 

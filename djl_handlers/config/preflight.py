@@ -39,7 +39,7 @@ ENGINE_OF_ENTRY_POINT: Mapping[str, str] = {
     "djl_handlers.tensorrt_llm": "tensorrt_llm",
     "djl_handlers.vllm": "vllm",
 }
-EMBEDDED_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
+EMBEDDED_MODELS: tuple[str, ...] = ("smollm2-135m-instruct", "all-minilm-l6-v2", "random-bert-cross-encoder-seed0")
 
 
 @dataclass
@@ -64,6 +64,11 @@ def init_options(options: Mapping[str, str]) -> dict[str, str]:
         if name.lower() not in EMBEDDED_MODELS:
             raise ConfigError(f"option.embedded_model={name!r} is invalid; allowed: {', '.join(EMBEDDED_MODELS)}",
                               field="option.embedded_model")
+        if name.lower() != EMBEDDED_MODELS[0]:  # the embedder, or the random reranker (model/embedder.py)
+            from djl_handlers.model.embedder import pooling_model_target
+
+            props["model_id"] = str(pooling_model_target(name.lower()))
+            return props
         from djl_handlers.model.embedded import default_model_dir, gguf_path
 
         gguf_path()  # raises with the pip install command when the wheel is missing

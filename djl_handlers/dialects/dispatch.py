@@ -14,17 +14,23 @@ from typing import Any
 from djl_handlers.dialects.bedrock.request import bedrock_to_lmi
 from djl_handlers.dialects.openai.request import openai_request
 from djl_handlers.dialects.tgi.request import tgi_to_lmi
+from djl_handlers.errors import InvalidRequest
 from djl_handlers.extensions import API_PROPERTY
 from djl_handlers.request.parser import ParserSettings, lmi_request, read_body
 from djl_handlers.request.records import Request
 
-__all__ = ["parse_request"]
+__all__ = ["POOLING_APIS", "parse_request"]
+
+POOLING_APIS = ("embeddings", "rerank", "score")  # the routes of djl_handlers.pooling's models
 
 
 def parse_request(item: Any, settings: ParserSettings) -> Request:
     """Parse one Input item; raises ``InvalidRequest`` (with ``field``) on any problem."""
     body = read_body(item, settings)
     api = (item.get_property(API_PROPERTY) or "").strip().lower()
+    if api in POOLING_APIS:
+        raise InvalidRequest(f"this model generates text: the {api!r} route needs an embedding or reranking model "
+                             "(option.task=text_embedding or rerank)", field="route")
     if api == "chat" or (not api and "messages" in body and "inputs" not in body):
         return openai_request(item, body, settings, chat=True)
     if api == "completion" or (not api and not settings.bedrock_compat and "prompt" in body and "inputs" not in body):

@@ -95,7 +95,8 @@ def get_formatter(spec: FormatterSpec, *, stream: bool, tgi_compat: bool = False
 
 # The formatter whose error rendering a request of each API dialect (set by the server's routes)
 # gets when it fails before it could be parsed; anything else gets DJL's LMI rendering.
-_ERROR_FORMATTERS = {"tgi": "tgi", "tgi_stream": "tgi_stream", "chat": "chat_json", "completion": "completion_json"}
+_ERROR_FORMATTERS = {"tgi": "tgi", "tgi_stream": "tgi_stream", "chat": "chat_json", "completion": "completion_json",
+                     "embeddings": "completion_json", "rerank": "completion_json", "score": "completion_json"}
 
 
 def error_formatter(api: Optional[str]) -> Formatter:

@@ -245,6 +245,7 @@ def embedded_model_dir(convert: bool = True) -> Path:
     return _do_convert(gguf, target)
 
 
+file_lock = _file_lock  # also the embedded embedder's (model/embedder.py)
 _do_convert = convert  # the parameter ``convert`` shadows the function inside embedded_model_dir
 
 

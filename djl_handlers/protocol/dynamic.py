@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from djl_handlers.extensions import STATUS_PROPERTY
 from djl_handlers.io import wire
 from djl_handlers.protocol.messages import (
     BatchFailure,
@@ -87,6 +88,11 @@ def split_batch(frame: wire.OutputFrame, size: int) -> list[Reply]:
         if not match or int(match.group(1)) >= size:
             raise BatchFailure(500, f"Unexpected batch output key: {key}")
         entries[int(match.group(1))].append((match.group(2), value))
-    return [
-        Reply(frame.code, frame.message, {**shared, **per[i]}, body_of(entries[i])) for i in range(size)
-    ]
+    return [_item_reply(frame, shared, per[i], entries[i]) for i in range(size)]
+
+
+def _item_reply(frame: wire.OutputFrame, shared: dict[str, str], own: dict[str, str], content: Content) -> Reply:
+    """Request i's reply: its own status when the handler set ``batch_{i}_`` + ``STATUS_PROPERTY``."""
+    status = own.pop(STATUS_PROPERTY, None)
+    code = int(status) if status and status.isdigit() else frame.code
+    return Reply(code, frame.message, {**shared, **own}, body_of(content))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from djl_handlers.engines.base import Engine, StepOutput, Tokenizer, check_prompt_length
 from djl_handlers.errors import InvalidRequest
 from djl_handlers.extensions import REQUEST_ID_PROPERTY, STATS_RECORD_KEY, STEP_TOKENS_KEY
+from djl_handlers.params.translate import min_tokens
 from djl_handlers.request.records import Request, RequestOutput, Token
 from djl_handlers.scheduling.detokenizer import IncrementalDetokenizer
 from djl_handlers.scheduling.stopping import StopSequenceMatcher
@@ -47,7 +48,8 @@ class RequestSlot:
         self.sent = False  # some data reached the client (an error is then a stream chunk)
         params = request.params
         self._detok = (
-            IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens) if tokenizer else None
+            IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens,
+                                   params.spaces_between_special_tokens) if tokenizer else None
         )
         self._eos = frozenset() if params.ignore_eos_token else eos_token_ids
         # stop_token_ids for engines that do not stop on them (the HF engine): a stop token ends the
@@ -62,7 +64,7 @@ class RequestSlot:
         self._limit = min(params.max_new_tokens, max(0, max_model_len - len(prompt_ids)))
         # as vLLM's min_tokens: no stop sequence ends the request before it has this many tokens
         # (the engine keeps eos from being chosen until then)
-        self._min_tokens = params.min_new_tokens
+        self._min_tokens = min_tokens(params)
         self._prompt_ids = prompt_ids
         self._tokenizer = tokenizer
         self._top_n = params.top_n_tokens

@@ -3,7 +3,8 @@
 Routes: ``POST /invocations``, ``POST /predictions/{model}[/{version}]``, ``GET /ping``,
 ``GET /models``, ``GET /models/{model}``, ``GET /metrics``; and the opt-in OpenAI routes
 ``/v1/chat/completions``, ``/v1/completions`` and TGI routes ``/generate``, ``/generate_stream``,
-``POST /``. Request mapping as DJL's
+``POST /``; for embedding and reranking models ``/v1/embeddings``, ``/v1/rerank`` (also ``/rerank``,
+``/v2/rerank``) and ``/v1/score`` (also ``/score``). Request mapping as DJL's
 ``RequestParser``: every header becomes an ``Input`` property (names arrive lower-cased through
 ASGI; ``get_property`` is case-insensitive), ``X-Amzn-SageMaker-Custom-Attributes: k=v;k2=v2`` adds
 ``k``/``k2``; the body becomes content ``data``; query parameters become content entries. A request
@@ -207,6 +208,13 @@ def create_app(runtime: ModelRuntime, access: AccessSettings | None = None) -> S
         Route("/generate", ep.routed("tgi"), methods=["POST"]),
         Route("/generate_stream", ep.routed("tgi_stream"), methods=["POST"]),
         Route("/", ep.routed("tgi"), methods=["POST"]),
+        # Embedding and reranking models (djl_handlers.pooling): OpenAI's, vLLM's and Cohere/Jina's routes.
+        Route("/v1/embeddings", ep.routed("embeddings"), methods=["POST"]),
+        Route("/v1/rerank", ep.routed("rerank"), methods=["POST"]),
+        Route("/v2/rerank", ep.routed("rerank"), methods=["POST"]),
+        Route("/rerank", ep.routed("rerank"), methods=["POST"]),
+        Route("/v1/score", ep.routed("score"), methods=["POST"]),
+        Route("/score", ep.routed("score"), methods=["POST"]),
         *adapter_routes(runtime),  # DJL's adapter management API (server/adapters.py)
         *peer_routes(runtime, _query_body, access),  # /v1/models, /health, /info, /tokenize, /detokenize, /openapi.json
     ]

@@ -192,7 +192,8 @@ class HFEngine:
         constraint = self.check_parameters(params)
         compiling = self.grammar_backend().submit(constraint) if constraint is not None else None
         settings = translate(params, self.name)  # to_hf / to_deepspeed: the one greedy rule
-        sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids)
+        sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids,
+                                             self.tokenizer)
         lora = require_lora(self).resolve(request.adapter) if request.adapter else None
         self._ids.update(ids)
         row = Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,

@@ -47,7 +47,8 @@ def fork_rows(row: Row, engine_name: str, vocab_size: int, eos_token_ids: Collec
     forks = []
     for index, request_id in row.forks:
         seed = sample_seed(params.seed, index)
-        sampling = RowSampling.from_settings(settings, seed, request.prompt_ids, vocab_size, eos_token_ids)
+        sampling = RowSampling.from_settings(settings, seed, request.prompt_ids, vocab_size, eos_token_ids,
+                                             row.sampling.tokenizer)
         grammar = row.grammar.fork() if row.grammar is not None else None
         forks.append(Row(replace(request, request_id=request_id, sample_ids=()), sampling, prompt_lp=row.prompt_lp,
                          top_n=row.top_n, lora=row.lora, grammar=grammar))

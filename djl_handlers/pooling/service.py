@@ -1,0 +1,221 @@
+"""The service of the pooling kinds (embeddings, reranking) on DJL's handler contract.
+
+``handle(inputs)`` answers every request of the call at once, whatever mode the configuration
+resolved: a dynamic batch (one ``batch_NNN.`` reply per request), a rolling-batch step (each
+request's one record, ``last=true``: nothing is left for a next step) or, in async mode, one request
+awaited alone (its one record). The texts of all requests of a call are run together, sorted by
+length (:class:`~djl_handlers.pooling.hf_engine.HfPoolingEngine`). A request that fails (bad input,
+an over-long text with truncation off) gets its own 4xx naming the field; its neighbours succeed.
+A lone request's status is the reply's; in a dynamic batch each request's status travels as
+``batch_{i}_`` + ``extensions.STATUS_PROPERTY`` (DJL's own front end answers such a request 200 with
+the error body).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+from djl_handlers.config.kinds import EMBEDDING
+from djl_handlers.errors import ConfigError, DjlHandlersError, InvalidRequest, status_of
+from djl_handlers.extensions import API_PROPERTY, STATUS_PROPERTY
+from djl_handlers.io.compat import new_output
+from djl_handlers.pooling.hf_engine import Encoded, HfPoolingEngine
+from djl_handlers.pooling.parse import parse_pooling
+from djl_handlers.pooling.records import PoolingRequest, PoolingResult
+from djl_handlers.pooling.respond import error_answer, success_answer
+
+if TYPE_CHECKING:
+    from djl_handlers.config.models import ServingConfig
+
+__all__ = ["PoolingService", "build_pooling_service"]
+
+LOG = logging.getLogger(__name__)
+_FIELDS = {"lmi": "inputs", "embeddings": "input", "rerank": "documents", "score": "text_2"}
+
+
+@dataclass
+class _Plan:
+    """One parsed request and where its encoded texts sit in the call's flat list."""
+
+    request: PoolingRequest
+    start: int
+    count: int
+    tokens: int
+
+
+class PoolingService:
+    """Embeds or scores for one model (see the module docstring); built by the entry point's service."""
+
+    def __init__(self, config: ServingConfig, kind: str, engine: HfPoolingEngine, model_name: str) -> None:
+        self.config = config
+        self.kind = kind
+        self.engine = engine
+        self.model_name = model_name
+        self._lock = threading.Lock()  # async mode runs calls in threads: one forward at a time
+
+    # -- DJL's entry ----------------------------------------------------------------------------
+    def handle(self, inputs: Any) -> Any:
+        """One call's answer (see the module docstring); an awaitable in async mode."""
+        if self.config.async_mode:
+            return self._handle_async(inputs)
+        if inputs.is_empty():
+            return None
+        items = inputs.get_batches() if _is_batch(inputs) else [inputs]
+        answers = self.answer(items)
+        out = new_output(inputs)
+        if self.config.is_rolling:
+            for index, (status, body) in enumerate(answers):
+                record: dict[str, Any] = {"data": body, "last": True}
+                if status != 200:
+                    record.update(code=status, error=body)
+                out.add(type(out).binary_encode(record), key="data", batch_index=index)
+                out.add_property(f"batch_{index}_Content-Type", "application/json")
+            return out
+        for index, (status, body) in enumerate(answers):
+            out.add(body, key="data", batch_index=index)
+            if len(answers) > 1:
+                out.add_property(f"batch_{index}_Content-Type", "application/json")
+                out.add_property(f"batch_{index}_{STATUS_PROPERTY}", str(status))
+        if len(answers) == 1 and answers[0][0] != 200:
+            out.set_code(answers[0][0])
+        out.add_property("Content-Type", "application/json")
+        return out
+
+    async def _handle_async(self, inputs: Any) -> Any:
+        """Async mode: one request, its one record (``async_mode.record_output``'s shape)."""
+        if inputs.is_empty():
+            return None
+        (status, body), = await asyncio.get_running_loop().run_in_executor(None, self.answer, [inputs])
+        record: dict[str, Any] = {"data": body, "last": True}
+        if status != 200:
+            record.update(code=status, error=body)
+        out = new_output(inputs)
+        out.add_property("Content-Type", "application/json")
+        out.add(type(out).binary_encode(record))
+        return out
+
+    # -- the work -------------------------------------------------------------------------------
+    def answer(self, items: list[Any]) -> list[tuple[int, str]]:
+        """``(status, JSON body)`` per item, all items' texts run together."""
+        plans: list[Union[_Plan, BaseException]] = []
+        encoded: list[Encoded] = []
+        for item in items:
+            try:
+                request = parse_pooling(item, self.kind, self.config.pooling.max_inputs)
+                self._check_dimensions(request)
+                chunk = self._encode(request)
+            except DjlHandlersError as exc:
+                if not hasattr(exc, "dialect"):
+                    exc.dialect = _api_dialect(item)  # type: ignore[attr-defined]
+                plans.append(exc)
+                continue
+            plans.append(_Plan(request, len(encoded), len(chunk), sum(len(e["input_ids"]) for e in chunk)))
+            encoded.extend(chunk)
+        failure: Optional[BaseException] = None
+        rows: Any = None
+        try:
+            with self._lock:
+                if encoded:
+                    rows, _sizes = self.engine.run(encoded)
+        except Exception as exc:  # noqa: BLE001 - the whole forward failed: every request of it fails
+            LOG.exception("pooling forward failed")
+            failure = exc
+        return [self._reply(plan, rows, failure) for plan in plans]
+
+    def _reply(self, plan: Union[_Plan, BaseException], rows: Any, failure: Optional[BaseException]) -> tuple[int, str]:
+        if isinstance(plan, BaseException) or failure is not None:
+            exc = plan if isinstance(plan, BaseException) else failure
+            assert exc is not None
+            dialect = plan.request.dialect if isinstance(plan, _Plan) else getattr(plan, "dialect", "lmi")
+            return status_of(exc), json.dumps(error_answer(dialect, exc))
+        result = self._result(plan, rows[plan.start:plan.start + plan.count])
+        return 200, json.dumps(success_answer(plan.request, result, self.model_name))
+
+    def _result(self, plan: _Plan, rows: Any) -> PoolingResult:
+        request = plan.request
+        if self.kind != EMBEDDING:
+            return PoolingResult(scores=rows.tolist(), prompt_tokens=plan.tokens)
+        if request.pairs:  # an embedder asked for scores: cosine similarity of each pair
+            unit = self.engine.normalize(rows)
+            cosine = (unit[0::2] * unit[1::2]).sum(dim=1)
+            return PoolingResult(scores=[[float(c)] for c in cosine], prompt_tokens=plan.tokens)
+        if request.dimensions is not None:
+            rows = rows[:, :request.dimensions]
+        normalize = self.config.pooling.normalize if request.normalize is None else request.normalize
+        if normalize:
+            rows = self.engine.normalize(rows)
+        return PoolingResult(vectors=rows.tolist(), prompt_tokens=plan.tokens)
+
+    def _check_dimensions(self, request: PoolingRequest) -> None:
+        wanted, size = request.dimensions, self.engine.hidden_size
+        if wanted is None or wanted == size:
+            return
+        allowed = self.engine.matryoshka
+        if not allowed:
+            raise _dialect(InvalidRequest(f"dimensions={wanted}: this model's embeddings have {size} dimensions and "
+                                          "it is not a Matryoshka model (no matryoshka_dimensions in its "
+                                          "config.json)", field="dimensions"), request)
+        if wanted > size or (isinstance(allowed, list) and wanted not in allowed):
+            choices = allowed if isinstance(allowed, list) else f"1 to {size}"
+            raise _dialect(InvalidRequest(f"dimensions={wanted} is not allowed; allowed: {choices}",
+                                          field="dimensions"), request)
+
+    def _encode(self, request: PoolingRequest) -> list[Encoded]:
+        field = _FIELDS[request.dialect] if request.dialect != "lmi" or not request.pairs else "texts"
+        out: list[Encoded] = []
+        try:
+            if request.pairs and self.kind != EMBEDDING:
+                for index, (first, second) in enumerate(request.pairs):
+                    name = f"{field}[{index}]"
+                    out.append(self.engine.encode_pair(first, second, request.truncate))
+            elif request.pairs:
+                for index, (first, second) in enumerate(request.pairs):
+                    name = f"{field}[{index}]"
+                    out.append(self.engine.encode_text(first, request.truncate))
+                    out.append(self.engine.encode_text(second, request.truncate))
+            else:
+                for index, text in enumerate(request.texts):
+                    name = field if request.single else f"{field}[{index}]"
+                    out.append(self.engine.encode_text(text, request.truncate))
+        except ValueError as exc:
+            raise _dialect(InvalidRequest(f"{name} is too long: {exc}; send truncate=true (the default) to cut it "
+                                          "to the model's length", field=name), request) from None
+        return out
+
+
+def build_pooling_service(config: ServingConfig, kind: str, entry_point: str) -> PoolingService:
+    """The service for an embedder or reranker on ``entry_point`` (``huggingface`` serves them; another
+    entry point is a ``ConfigError`` naming the task)."""
+    from pathlib import Path
+
+    if config.serving_engine != "huggingface":
+        raise ConfigError(f"option.task={config.pooling.task or kind!r} ({kind}) is served by "
+                          f"option.entryPoint=djl_handlers.huggingface; djl_handlers.{entry_point} serves text "
+                          "generation only", field="option.task")
+    engine = HfPoolingEngine.from_config(config, kind)
+    LOG.info("djl_handlers %s engine ready (%s model, %s)", entry_point, kind,
+             "async mode" if config.async_mode else f"rolling_batch={config.resolved_rolling_batch()}")
+    return PoolingService(config, kind, engine, Path(str(config.model_id or config.model_dir or "model")).name)
+
+
+def _dialect(exc: DjlHandlersError, request: PoolingRequest) -> DjlHandlersError:
+    """``exc`` tagged with the dialect whose error shape renders it."""
+    exc.dialect = request.dialect  # type: ignore[attr-defined]
+    return exc
+
+
+def _api_dialect(item: Any) -> str:
+    """The dialect whose error shape a request that could not be parsed gets (its route's)."""
+    api = (item.get_property(API_PROPERTY) or "").strip().lower()
+    return api if api in _FIELDS else "lmi"
+
+
+def _is_batch(inputs: Any) -> bool:
+    """A dynamic batch from the front end (``batch_NNN.`` keyed content) or a rolling-batch step."""
+    content = inputs.get_content()
+    return bool(inputs.is_batch()) and all(str(content.key_at(i)).startswith("batch_") for i in range(content.size()))
