@@ -115,6 +115,7 @@ class GenerationParameters:
         accepted, ignored = _partition(data, ctx, strict)
         values = {key: SPECS[key](key, value, ctx) for key, value in accepted.items()}
         values = {**engine_defaults(name, bool(values.get("do_sample", False))), **values}
+        values.update(_logprob_aliases(values, name))
         if "max_new_tokens" not in values:  # the default (30) never exceeds the server's cap
             values["max_new_tokens"] = min(cls.max_new_tokens, max_new_tokens_limit)
         provided = frozenset(accepted) | ({constraint.source} if constraint else frozenset())
@@ -343,6 +344,24 @@ def _partition(data: Mapping[Any, Any], ctx: _Context, strict: bool) -> tuple[di
             accepted[name] = value
             origin[name] = key
     return accepted, ignored
+
+
+# engines that report top tokens and prompt log-probs through top_n_tokens / decoder_input_details
+_LOGPROB_ENGINES = frozenset({"huggingface", "deepspeed", "vllm", "lmi-dist"})
+
+
+def _logprob_aliases(values: Mapping[str, Any], engine: str) -> dict[str, Any]:
+    """vLLM's ``logprobs: N`` asks for each token's N most likely tokens (``top_n_tokens``, the
+    larger of the two) and ``prompt_logprobs`` for the prompt tokens' log-probs
+    (``decoder_input_details``), rendered as ``details.top_tokens`` / ``details.prefill``."""
+    if engine not in _LOGPROB_ENGINES:
+        return {}
+    out: dict[str, Any] = {}
+    if values.get("logprobs"):
+        out["top_n_tokens"] = max(int(values.get("top_n_tokens") or 0), int(values["logprobs"]))
+    if values.get("prompt_logprobs") is not None:
+        out["decoder_input_details"] = True
+    return out
 
 
 def _cross_check(p: GenerationParameters) -> None:

@@ -9,6 +9,7 @@ engine supports is :mod:`djl_handlers.params.support`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from djl_handlers.params.samples import sample_count
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from djl_handlers.params.generation import GenerationParameters
 
 __all__ = [
-    "EMULATED", "ENGINES", "NATIVE", "SUPPORT", "TRANSLATORS", "UNSUPPORTED", "is_sampling",
-    "known_parameters", "normalize_engine", "supported_parameters", "to_deepspeed", "to_hf",
+    "EMULATED", "ENGINES", "HF_EXTRAS", "NATIVE", "SUPPORT", "TRANSLATORS", "UNSUPPORTED", "is_sampling",
+    "known_parameters", "min_tokens", "normalize_engine", "supported_parameters", "to_deepspeed", "to_hf",
     "to_trtllm", "to_vllm", "translate",
 ]
 
@@ -46,6 +47,10 @@ def to_hf(p: GenerationParameters) -> dict[str, Any]:
     ``top_k`` is always sent when sampling (transformers' own default is 50, ours is 0 = off);
     ``-1`` becomes 0. Sampling knobs are omitted for greedy decoding (transformers warns about
     them). Seed, stop sequences, eos handling and truncation are applied by djl_handlers.
+    ``min_new_tokens`` is :func:`min_tokens`. vLLM's extras (:data:`HF_EXTRAS`: ``min_p`` when
+    sampling, ``presence_penalty``, ``frequency_penalty``, ``bad_words``) are present only when they
+    ask for something; the continuous-batching sampler implements them (``generate()`` has no
+    presence/frequency penalty, so dynamic-batch mode refuses them).
     """
     kwargs: dict[str, Any] = {
         "max_new_tokens": p.max_new_tokens,
@@ -53,15 +58,38 @@ def to_hf(p: GenerationParameters) -> dict[str, Any]:
         "repetition_penalty": p.repetition_penalty,
         "num_beams": 1,
     }
-    if p.min_new_tokens > 0:
-        kwargs["min_new_tokens"] = p.min_new_tokens
+    if min_tokens(p) > 0:
+        kwargs["min_new_tokens"] = min_tokens(p)
     if kwargs["do_sample"]:
         kwargs["temperature"] = p.temperature
         kwargs["top_k"] = max(p.top_k, 0)
         kwargs["top_p"] = p.top_p
         if p.typical_p < 1.0:
             kwargs["typical_p"] = p.typical_p
+        if p.min_p > 0.0:
+            kwargs["min_p"] = p.min_p
+    if p.presence_penalty != 0.0:
+        kwargs["presence_penalty"] = p.presence_penalty
+    if p.frequency_penalty != 0.0:
+        kwargs["frequency_penalty"] = p.frequency_penalty
+    if p.bad_sequences:
+        kwargs["bad_words"] = p.bad_sequences
     return kwargs
+
+
+# to_hf keys the continuous-batching sampler implements and transformers' generate() does not take
+HF_EXTRAS: Mapping[str, str] = {
+    "min_p": "min_p", "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "bad_words": "bad_sequences",
+}
+
+
+def min_tokens(p: GenerationParameters) -> int:
+    """Generated tokens before eos or a stop may end the request: ``min_new_tokens``, or
+    TensorRT-LLM's ``min_length`` when the client gave it (it counts generated tokens too; its
+    default of 1 asks for nothing on the engines that do not default to it), whichever is larger."""
+    length = p.min_length if "min_length" in p.provided else 0
+    return max(p.min_new_tokens, length)
 
 
 def to_deepspeed(p: GenerationParameters) -> dict[str, Any]:
@@ -94,7 +122,7 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "n": sample_count(p),
         "max_tokens": p.max_new_tokens,
-        "min_tokens": p.min_new_tokens,
+        "min_tokens": min_tokens(p),
         "temperature": p.temperature if is_sampling(p) else 0.0,
         "top_k": p.top_k if p.top_k > 0 else -1,
         "top_p": p.top_p,

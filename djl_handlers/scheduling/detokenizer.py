@@ -4,6 +4,11 @@ Decoding token by token loses the spaces that SentencePiece/BPE tokenizers attac
 starts and splits multi-byte characters. We decode a short window of ids twice — up to the last
 emitted position and up to now — and emit only the difference, holding text back while it ends
 in U+FFFD (an incomplete UTF-8 sequence).
+
+``spaces_between_special_tokens=False`` (vLLM's parameter; it matters only while special tokens
+are shown) is passed to the tokenizer's ``decode``, which honours it where it puts spaces between
+special tokens (transformers' Python tokenizers); the Rust-backed tokenizers put none there, so
+for them both values give the same text, as in vLLM.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ REPLACEMENT_CHAR = "\ufffd"
 class IncrementalDetokenizer:
     """Per-request state; ``push(token_id)`` returns the newly stable text (maybe "")."""
 
-    __slots__ = ("_tokenizer", "_ids", "_prefix_offset", "_read_offset", "_skip_special")
+    __slots__ = ("_tokenizer", "_ids", "_prefix_offset", "_read_offset", "_skip_special", "_extra")
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
         self._tokenizer = tokenizer
         # A few prompt ids give the tokenizer left context (e.g. whether a space is leading).
         tail = list(prompt_ids[-4:])
@@ -28,9 +34,11 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(tail)
         self._skip_special = skip_special_tokens
+        shown = not skip_special_tokens and not spaces_between_special_tokens
+        self._extra: dict[str, bool] = {"spaces_between_special_tokens": False} if shown else {}
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special)
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special, **self._extra)
 
     def push(self, token_id: int) -> str:
         """Add one token id; return the text that became stable with it."""

@@ -71,13 +71,17 @@ def test_vllm_fields_set_lmi_parameters_on_the_hf_engine(field: str, value: Any,
     ("min_p", 0.1, "min_p"), ("bad_words", ["x"], "bad_sequences"),
     ("spaces_between_special_tokens", False, "spaces_between_special_tokens"),
 ])
-def test_fields_the_hf_engine_cannot_honour_are_a_400_naming_them(field: str, value: Any, parameter: str) -> None:
+def test_vllm_sampling_fields_are_honoured_by_the_hf_engine_as_by_vllm(field: str, value: Any, parameter: str) -> None:
+    expected = tuple(value) if isinstance(value, list) else value
+    for engine in ("huggingface", "vllm"):
+        accepted = _parse({**PROMPT, field: value}, engine=engine)
+        assert getattr(accepted.params, parameter) == expected
+
+
+def test_a_bad_value_of_a_vllm_sampling_field_is_a_400_naming_it() -> None:
     with pytest.raises(InvalidParameter) as info:
-        _parse({**PROMPT, field: value})
-    assert info.value.field == field
-    assert field in info.value.message and "huggingface" in info.value.message
-    accepted = _parse({**PROMPT, field: value}, engine="vllm")  # vLLM honours them
-    assert getattr(accepted.params, parameter) == (tuple(value) if isinstance(value, list) else value)
+        _parse({**PROMPT, "min_p": 2})
+    assert info.value.field == "min_p" and "min_p" in info.value.message
 
 
 def test_default_values_are_accepted_where_the_engine_lacks_the_feature() -> None:

@@ -93,7 +93,7 @@ def test_openai_bodies_come_from_the_field_table() -> None:
     assert set(chat["properties"]) == set(FIELDS["chat"]) | {"adapters"}
     assert chat["properties"]["min_tokens"] == parameter_schema("min_new_tokens", "vllm")
     hf = _doc("huggingface")["paths"]["/v1/completions"]["post"]["requestBody"]["content"][JSON]["schema"]
-    assert hf["properties"]["min_p"]["enum"] == [None, 0.0]  # the HF engine: only the default
+    assert hf["properties"]["min_p"] == parameter_schema("min_p", "huggingface")  # the HF sampler has min_p
     for name, spec in FIELDS["completion"].items():
         if spec.handling == DEFAULT_ONLY:
             assert hf["properties"][name]["enum"] == spec.schema["enum"]

@@ -249,9 +249,9 @@ def test_unknown_key_lenient_is_ignored_with_warning(caplog: pytest.LogCaptureFi
 
 def test_engine_unsupported_key_strict() -> None:
     with pytest.raises(InvalidParameter) as err:
-        gp({"presence_penalty": 0.5}, "huggingface")
-    assert str(err.value) == "parameter presence_penalty is not supported by engine huggingface"
-    assert err.value.field == "presence_penalty"
+        gp({"typical_p": 0.5}, "tensorrt_llm")
+    assert str(err.value) == "parameter typical_p is not supported by engine tensorrt_llm"
+    assert err.value.field == "typical_p"
     with pytest.raises(InvalidParameter, match="typical_p is not supported by engine vllm"):
         gp({"typical_p": 0.9}, "vllm")
 
@@ -263,10 +263,10 @@ def test_lmi_dist_message_says_which_engine_serves_it() -> None:
 
 def test_engine_unsupported_key_lenient(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
-        p = gp({"presence_penalty": 0.5, "num_beams": 4}, "huggingface", strict=False)
-    assert p.ignored == ("presence_penalty", "num_beams")
-    assert p.presence_penalty == 0.0 and p.num_beams == 1
-    assert "not supported by engine huggingface" in caplog.text
+        p = gp({"typical_p": 0.5, "decoder_input_details": True}, "tensorrt_llm", strict=False)
+    assert p.ignored == ("typical_p", "decoder_input_details")
+    assert p.typical_p == 1.0 and not p.decoder_input_details
+    assert "not supported by engine tensorrt_llm" in caplog.text
 
 
 def test_unsupported_key_with_default_value_is_accepted() -> None:

@@ -5,9 +5,12 @@ Every row (request) has its own settings and its own ``torch.Generator`` seeded 
 each step draws exactly one uniform number from the row's own generator and picks the token by
 inverse-CDF lookup in the row's processed distribution.
 
-Processing follows ``transformers``' order for ``generate()``: repetition penalty (also in greedy
-mode, over prompt and generated tokens), eos suppression while ``min_new_tokens`` is not reached,
-then — only when sampling — temperature, top-k, top-p and typical-p.
+Processing follows ``transformers``' order for ``generate()`` with vLLM's extras where vLLM puts
+them: repetition penalty (also in greedy mode, over prompt and generated tokens), bad words, eos
+suppression while ``min_new_tokens`` is not reached, frequency/presence penalties (over generated
+tokens) — all in :mod:`.penalties` — then, only when sampling, temperature, min-p (vLLM: after
+temperature, before top-k/top-p), top-k, top-p and typical-p. A greedy row that asks for none of
+these is the argmax of the raw logits, untouched.
 
 Reported ``log_prob``: the log-probability of the chosen token under the **model's own
 distribution**, ``log_softmax(raw logits)``, before any penalty, temperature or truncation. It is
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from djl_handlers.engines.hf.penalties import PenaltyState, apply_penalties, bad_word_ids
 from djl_handlers.kernels.row_stats import row_stats
 from djl_handlers.params.translate import to_hf
 
@@ -45,12 +49,15 @@ class RowSampling:
     top_k: int = 0
     top_p: float = 1.0
     typical_p: float = 1.0
+    min_p: float = 0.0
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     eos_token_ids: tuple[int, ...] = ()
     generator: torch.Generator | None = None
     seen: torch.Tensor | None = None  # bool [vocab]: tokens seen so far (repetition penalty only)
     generated: int = 0
+    penalties: PenaltyState | None = None  # frequency/presence penalties, bad words (penalties.py)
+    tokenizer: Any = field(default=None, repr=False)  # tokenizes bad words (its samples' rows reuse it)
 
     @classmethod
     def from_params(
@@ -59,9 +66,10 @@ class RowSampling:
         prompt_ids: Sequence[int],
         vocab_size: int,
         eos_token_ids: Collection[int] = (),
+        tokenizer: Any = None,
     ) -> RowSampling:
         """Build a row's sampler from a request's parameters, through ``to_hf`` (the one rule)."""
-        return cls.from_settings(to_hf(params), params.seed, prompt_ids, vocab_size, eos_token_ids)
+        return cls.from_settings(to_hf(params), params.seed, prompt_ids, vocab_size, eos_token_ids, tokenizer)
 
     @classmethod
     def from_settings(
@@ -71,11 +79,13 @@ class RowSampling:
         prompt_ids: Sequence[int],
         vocab_size: int,
         eos_token_ids: Collection[int] = (),
+        tokenizer: Any = None,
     ) -> RowSampling:
         """Build a row's sampler from ``to_hf``/``to_deepspeed`` keyword arguments.
 
         Greedy requests carry no sampling knobs (``to_hf`` omits them), so their defaults apply;
-        ``seed`` seeds the row's generator when sampling (None: a random seed).
+        ``seed`` seeds the row's generator when sampling (None: a random seed). ``tokenizer``
+        tokenizes the ``bad_words`` (required when there are any).
         """
         do_sample = bool(settings["do_sample"])
         row = cls(
@@ -84,6 +94,7 @@ class RowSampling:
             top_k=int(settings.get("top_k", 0)),
             top_p=float(settings.get("top_p", 1.0)),
             typical_p=float(settings.get("typical_p", 1.0)),
+            min_p=float(settings.get("min_p", 0.0)),
             repetition_penalty=float(settings.get("repetition_penalty", 1.0)),
             min_new_tokens=int(settings.get("min_new_tokens", 0)),
             eos_token_ids=tuple(eos_token_ids),
@@ -98,18 +109,37 @@ class RowSampling:
             ids = [i for i in prompt_ids if 0 <= i < vocab_size]
             if ids:
                 row.seen[torch.tensor(ids, dtype=torch.long)] = True
+        row.penalties = _penalties(settings, vocab_size, tokenizer)
+        row.tokenizer = tokenizer
         return row
 
     @property
     def needs_processing(self) -> bool:
         """True when greedy argmax of the raw logits is not enough for this row."""
-        return self.do_sample or self.seen is not None or self.generated < self.min_new_tokens
+        return (self.do_sample or self.seen is not None or self.generated < self.min_new_tokens
+                or self.penalties is not None)
 
     def observe(self, token_id: int) -> None:
-        """Record a chosen token (for repetition penalty and min_new_tokens)."""
+        """Record a chosen token (for the penalties, bad words and min_new_tokens)."""
         self.generated += 1
         if self.seen is not None and 0 <= token_id < self.seen.numel():
             self.seen[token_id] = True
+        if self.penalties is not None:
+            self.penalties.observe(token_id)
+
+
+def _penalties(settings: Mapping[str, Any], vocab_size: int, tokenizer: Any) -> PenaltyState | None:
+    """The row's frequency/presence penalties and bad words (None when it has none)."""
+    words = tuple(settings.get("bad_words", ()))
+    if words and tokenizer is None:
+        raise ValueError("bad_words need the tokenizer")
+    state = PenaltyState(
+        vocab_size,
+        presence=float(settings.get("presence_penalty", 0.0)),
+        frequency=float(settings.get("frequency_penalty", 0.0)),
+        bad_words=bad_word_ids(words, tokenizer) if words else (),
+    )
+    return state if state.active else None
 
 
 @dataclass
@@ -232,12 +262,7 @@ def _select(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
     """Processed selection for rows that need more than argmax. ``logits`` [n, vocab] float32."""
     if torch.isnan(logits).any():
         raise ValueError("the model produced NaN logits")
-    x = logits.clone()
-    for i, row in enumerate(rows):
-        if row.seen is not None:
-            x[i] = _apply_penalty(x[i], row.seen.to(x.device), row.repetition_penalty)
-        if row.generated < row.min_new_tokens and row.eos_token_ids:
-            x[i, list(row.eos_token_ids)] = _NEG_INF
+    x = apply_penalties(logits.clone(), rows)
     chosen = x.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.do_sample]
     if sampled:
@@ -249,15 +274,14 @@ def _select(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
 
 def processed_logits(logits: torch.Tensor, row: RowSampling) -> torch.Tensor:
     """One row's logits ([vocab] float32) after the processing :func:`sample_batch` applies for it
-    (penalty, eos suppression, and when sampling temperature, top-k, top-p, typical-p), before the
+    (penalties, bad words, eos suppression, and when sampling temperature, min-p, top-k, top-p,
+    typical-p), before the
     softmax: speculative verification (``engines/hf/speculative.py``) reads the same distribution."""
-    x = logits.unsqueeze(0).clone()
-    if row.seen is not None:
-        x[0] = _apply_penalty(x[0], row.seen.to(x.device), row.repetition_penalty)
-    if row.generated < row.min_new_tokens and row.eos_token_ids:
-        x[0, list(row.eos_token_ids)] = _NEG_INF
+    x = apply_penalties(logits.unsqueeze(0).clone(), [row])
     if row.do_sample:
         x = x / row.temperature
+        if row.min_p > 0.0:
+            x = _min_p(x, torch.tensor([row.min_p], dtype=x.dtype, device=x.device))
         if row.top_k > 0:
             x = _top_k(x, [row.top_k])
         if row.top_p < 1.0:
@@ -267,17 +291,13 @@ def processed_logits(logits: torch.Tensor, row: RowSampling) -> torch.Tensor:
     return x[0]
 
 
-def _apply_penalty(x: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """HF's repetition penalty: divide positive logits of seen tokens, multiply negative ones."""
-    penalized = torch.where(x > 0, x / penalty, x * penalty)
-    return torch.where(seen, penalized, x)
-
-
 def _sample(x: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
-    """Temperature, top-k, top-p, typical-p, then one draw per row from its own generator."""
+    """Temperature, min-p, top-k, top-p, typical-p, then one draw per row from its own generator."""
     dev = x.device
     temps = torch.tensor([r.temperature for r in rows], dtype=x.dtype, device=dev).unsqueeze(1)
     x = x / temps
+    if any(r.min_p > 0.0 for r in rows):
+        x = _min_p(x, torch.tensor([r.min_p for r in rows], dtype=x.dtype, device=dev))
     if any(r.top_k > 0 for r in rows):
         x = _top_k(x, [r.top_k for r in rows])
     if any(r.top_p < 1.0 for r in rows):
@@ -293,6 +313,14 @@ def _sample(x: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
     target = u * cdf[:, -1:]
     picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
     return picked.clamp(max=x.shape[-1] - 1)
+
+
+def _min_p(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """vLLM's min-p: drop tokens whose probability is below ``min_p`` times the row's largest
+    (per-row ``min_p``; 0 keeps every token)."""
+    probs = torch.softmax(x, dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return x.masked_fill(probs < threshold, _NEG_INF)
 
 
 def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:

@@ -52,8 +52,11 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
         for (key, constraint), members in groups.items():
             batch = [requests[i] for i in members]
             kwargs = dict(key)
+            processors = _penalty_processor(engine, kwargs, len(batch))
             if constraint is not None:
-                kwargs["logits_processor"] = _grammar_processor(engine, constraint, len(batch))
+                processors += _grammar_processor(engine, constraint, len(batch))
+            if processors:
+                kwargs["logits_processor"] = processors
             outputs = _generate_group(engine, batch, [limits[i] for i in members], kwargs)
             for i, outs in zip(members, outputs, strict=True):
                 results[i] = outs
@@ -83,6 +86,21 @@ def _generate_group(
     )
     ids_by_request = [r.request_id for r in batch]
     return static_outputs(ids_by_request, out.sequences[:, width:], out.logits, limits, engine.eos_token_ids)
+
+
+def _penalty_processor(engine: Any, kwargs: dict[str, Any], rows: int) -> Any:
+    """A ``LogitsProcessorList`` with the group's frequency/presence penalties and bad words (the
+    keys ``generate()`` does not take, popped from ``kwargs``); empty when it has none."""
+    from transformers import LogitsProcessorList
+
+    from djl_handlers.engines.hf.penalties import GeneratePenalties
+
+    names = ("presence_penalty", "frequency_penalty", "bad_words")
+    extras: dict[str, Any] = {k: kwargs.pop(k) for k in names if k in kwargs}
+    if not extras:
+        return LogitsProcessorList()
+    vocab = int(engine._vocab)
+    return LogitsProcessorList([GeneratePenalties(extras, rows, vocab, engine.tokenizer)])
 
 
 def _grammar_processor(engine: Any, constraint: Any, rows: int) -> Any:
