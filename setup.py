@@ -44,7 +44,9 @@ EXTRAS = {
              # /openapi.json: validated by openapi-spec-validator, fuzzed by schemathesis (tests/robustness)
              "openapi-spec-validator>=0.7", "schemathesis>=4", *OTEL,
              # deploy/'s Kubernetes manifests, validated offline against the schemas it ships (tests/deploy)
-             "kubernetes-validate>=1.31", "pyyaml"],
+             "kubernetes-validate>=1.31", "pyyaml",
+             # the reference for embeddings and reranker scores (tests/integration/test_pooling_*.py)
+             "sentence-transformers>=5"],
     "bench": ["matplotlib", "py-spy"],
 }
 EXTRAS["all"] = sorted(set(HF + SERVER + OTEL + EXTRAS["test"] + EXTRAS["bench"]))
