@@ -112,7 +112,9 @@ class InferenceService:
             max_new_tokens_limit=config.max_new_tokens_limit,
             strict_parameters=config.strict_parameters,
             input_formatter=self.hooks.input_formatter,
-            chat_template=_chat_template(engine),
+            chat_template=_chat_template(engine, config.chat.chat_template),
+            reasoning_parser=config.chat.reasoning_parser,
+            tool_call_parser=config.chat.tool_call_parser,
             adapters=self.lora.registry if self.lora is not None else None,
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
@@ -314,18 +316,21 @@ def _is_batch_frame(inputs: Any) -> bool:
     return bool(inputs.is_batch()) and all(str(content.key_at(i)).startswith("batch_") for i in range(content.size()))
 
 
-def _chat_template(engine: Engine) -> Optional[Callable[..., str]]:
-    """The tokenizer's chat template as a function ``(messages, tools=None, **options)``, or None
-    when the model has none; ``options`` are the template's keyword arguments a request sets
-    (``add_generation_prompt``, default true, ``continue_final_message``, ``chat_template_kwargs``).
-    ``reads_tools`` on it: the template renders ``tools`` (it mentions them)."""
+def _chat_template(engine: Engine, override: Optional[str] = None) -> Optional[Callable[..., str]]:
+    """The tokenizer's chat template (``override``: ``option.chat_template``'s text instead) as a
+    function ``(messages, tools=None, **options)``, or None when the model has none; ``options`` are
+    the template's keyword arguments a request sets (``add_generation_prompt``, default true,
+    ``continue_final_message``, ``chat_template_kwargs``). ``reads_tools`` on it: the template
+    renders ``tools`` (it mentions them)."""
     tokenizer: Any = engine.tokenizer
-    template = getattr(tokenizer, "chat_template", None)  # not part of the Tokenizer protocol
+    template = override or getattr(tokenizer, "chat_template", None)  # not part of the Tokenizer protocol
     if tokenizer is None or not template:
         return None
 
     def render(messages: list[dict[str, Any]], tools: Optional[list[dict[str, Any]]] = None, **options: Any) -> str:
-        extra = {"tools": tools} if tools else {}
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
+        if override:
+            extra["chat_template"] = override
         options.setdefault("add_generation_prompt", True)
         return str(tokenizer.apply_chat_template(messages, tokenize=False, **extra, **options))
 

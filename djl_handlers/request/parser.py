@@ -50,6 +50,8 @@ class ParserSettings:
     chat_template: Optional[ChatTemplate] = None
     bedrock_compat: bool = False
     adapters: Optional[AdapterNames] = None  # the service's adapter registry; None: LoRA disabled
+    reasoning_parser: Optional[str] = None  # option.reasoning_parser (parsers.registry); None: not split
+    tool_call_parser: str = "json"  # the parser of tool_choice auto replies (option.tool_call_parser)
 
 
 def decode_body(item: Any) -> Any:

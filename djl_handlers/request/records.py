@@ -50,6 +50,7 @@ class ToolPlan:
     function: Optional[str] = None  # named mode
     parallel: bool = True
     schema: Optional[dict[str, Any]] = None  # guided_json for required/named
+    parser: str = "json"  # the tool-call parser (parsers.registry) that reads auto replies
 
     @property
     def names(self) -> list[str]:
@@ -69,7 +70,8 @@ class ResponseOptions:
     (chat: bool; completions: the integer N, None when not asked), chat's ``top_logprobs``,
     ``stream_options.include_usage``, completions' ``echo`` (the prompt, and with ``logprobs`` its
     log-probs, before the completion) and ``prompt_only`` (``max_tokens`` 0 with ``echo``: the
-    decoded token is not shown)."""
+    decoded token is not shown). Chat's ``reasoning_parser`` (parsers.registry; empty: replies are
+    not split) and ``include_reasoning`` (false: the reasoning is read but not sent)."""
 
     model: str = ""
     logprobs: Union[bool, int, None] = None
@@ -77,6 +79,8 @@ class ResponseOptions:
     include_usage: bool = False
     echo: bool = False
     prompt_only: bool = False
+    reasoning_parser: str = ""
+    include_reasoning: bool = True
 
 
 class FormatterState:

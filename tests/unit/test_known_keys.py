@@ -148,3 +148,23 @@ def test_recommended_entry_point_follows_djl(tmp_path: Path) -> None:
     assert recommended_entry_point(tmp_path, props, env={"SERVING_FEATURES": "trtllm"}) == "djl_handlers.tensorrt_llm"
     props.options["rolling_batch"] = "vllm"
     assert recommended_entry_point(tmp_path, props, env={}) == "djl_handlers.vllm"
+
+
+@pytest.mark.parametrize("engine", ["huggingface", "deepspeed", "vllm", "tensorrt_llm"])
+def test_chat_parser_keys_are_known_to_every_engine(engine: str) -> None:
+    options = {"enable_reasoning": "true", "reasoning_parser": "deepseek_r1", "enable_auto_tool_choice": "true",
+               "tool_call_parser": "hermes", "chat_template": "{{ messages }}"}
+    assert key_warnings(options, {}, engine) == []
+
+
+@pytest.mark.parametrize(("options", "key", "named"), [
+    ({"reasoning_parser": "deepseek"}, "option.reasoning_parser", "deepseek_r1"),
+    ({"enable_reasoning": "true"}, "option.reasoning_parser", "qwen3"),
+    ({"tool_call_parser": "llama3"}, "option.tool_call_parser", "llama3_json"),
+    ({"enable_auto_tool_choice": "true"}, "option.tool_call_parser", "hermes"),
+])
+def test_a_bad_chat_parser_option_fails_the_check_naming_key_and_known_names(
+        options: dict[str, str], key: str, named: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        preflight("djl_handlers.huggingface", "", options, {})
+    assert err.value.field == key and named in str(err.value)

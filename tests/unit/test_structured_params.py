@@ -275,9 +275,13 @@ def test_tool_calls_stream_as_openai_deltas() -> None:
     events = [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
     assert raw.endswith("data: [DONE]\n\n")
     deltas = [e["choices"][0]["delta"] for e in events]
-    assert deltas[0] == {"role": "assistant", "content": None}
-    assert [d["tool_calls"][0]["index"] for d in deltas[1:3]] == [0, 1]
-    assert deltas[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert deltas[0] == {"role": "assistant", "content": ""}  # vLLM's first chunk
+    firsts = [d["tool_calls"][0] for d in deltas[1:] if "id" in d.get("tool_calls", [{}])[0]]
+    assert [(c["index"], c["function"]["name"], c["type"]) for c in firsts] == [
+        (0, "get_weather", "function"), (1, "get_time", "function")]
+    fragments = [d["tool_calls"][0] for d in deltas[1:] if d.get("tool_calls") and "id" not in d["tool_calls"][0]]
+    assert all(set(f) == {"index", "function"} and set(f["function"]) == {"arguments"} for f in fragments)
+    assert json.loads("".join(f["function"]["arguments"] for f in fragments if f["index"] == 0)) == {"city": "Paris"}
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 

@@ -153,6 +153,8 @@ _TABLE: tuple[BodyField, ...] = (
     _own("tools", _nullable({"type": "array", "minItems": 1, "items": _TOOL}), _CHAT_ONLY),
     _own("tool_choice", _nullable(_TOOL_CHOICE), _CHAT_ONLY),
     _own("parallel_tool_calls", _nullable(_BOOL), _CHAT_ONLY),
+    _own("include_reasoning", _nullable(_BOOL), _CHAT_ONLY,
+         "false: the reasoning (option.reasoning_parser) is not sent"),
     _param("seed"), _param("top_p"), _param("stop", "stop_sequences"),
     _param("frequency_penalty"), _param("presence_penalty"),
     # vLLM's sampling and stopping extras
@@ -186,7 +188,7 @@ _TABLE: tuple[BodyField, ...] = (
     _default_only("echo", False, _CHAT_ONLY), _default_only("documents", apis=_CHAT_ONLY),
     _default_only("chat_template", apis=_CHAT_ONLY), _default_only("media_io_kwargs", apis=_CHAT_ONLY),
     _default_only("mm_processor_kwargs", apis=_CHAT_ONLY), _default_only("reasoning_effort", apis=_CHAT_ONLY),
-    _default_only("thinking_token_budget", apis=_CHAT_ONLY), _default_only("include_reasoning", True, _CHAT_ONLY),
+    _default_only("thinking_token_budget", apis=_CHAT_ONLY),
     _default_only("return_prompt_text", False, _CHAT_ONLY), _default_only("audio", apis=_CHAT_ONLY),
     _default_only("modalities", apis=_CHAT_ONLY), _default_only("prediction", apis=_CHAT_ONLY),
     _default_only("web_search_options", apis=_CHAT_ONLY), _default_only("suffix", apis=_COMPLETION_ONLY),

@@ -46,6 +46,7 @@ from djl_handlers.dialects.openai.fields import (
     PARAMETER,
     allowed,
 )
+from djl_handlers.dialects.openai.reading import reply_reading
 from djl_handlers.dialects.openai.tools import check_messages, parse_tools, render_messages
 from djl_handlers.errors import DjlHandlersError, InvalidParameter, InvalidRequest
 from djl_handlers.lora.selection import openai_adapter, select_adapters
@@ -91,7 +92,8 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
     if not adapters:
         by_model = openai_adapter(body.get("model"), settings.adapters)
         adapters = (by_model,) if by_model else ()
-    req = chat_to_lmi(rest, settings.chat_template) if chat else completion_to_lmi(rest)
+    req = (chat_to_lmi(rest, settings.chat_template, reasoning=settings.reasoning_parser,
+                       tool_parser=settings.tool_call_parser) if chat else completion_to_lmi(rest))
     if "top_n_tokens" not in supported_parameters(settings.engine):
         req.parameters.pop("top_n_tokens", None)  # the engine reports no alternatives: the chosen token only
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -111,8 +113,10 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
     return with_prompts(request, req.prompts)
 
 
-def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> OpenAIRequest:
-    """Validate a ``/v1/chat/completions`` body and render its messages with the chat template."""
+def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate], *, reasoning: Optional[str] = None,
+                tool_parser: str = "json") -> OpenAIRequest:
+    """Validate a ``/v1/chat/completions`` body and render its messages with the chat template;
+    ``reasoning`` and ``tool_parser``: the model's parsers (:mod:`.reading`)."""
     _check_fields(body, CHAT)
     messages = check_messages(body.get("messages"), check_text)
     plan = parse_tools(body)
@@ -138,7 +142,8 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate]) -> 
             raise InvalidParameter("a forced tool call (tool_choice) cannot be combined with response_format "
                                    "or guided_* constraints", field="tool_choice")
         params["guided_json"] = plan.schema
-    if plan.may_call:
+    options = reply_reading(body, reasoning, tool_parser, plan, params, options)
+    if plan.may_call or options.reasoning_parser:
         return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", options, plan,
                              add_special_tokens=special)
     return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", options,

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from djl_handlers.dialects.openai.logprobs import chat_logprobs, completion_logprobs, shown_tokens
+from djl_handlers.dialects.openai.reply import message_fields, reads_reply, reasoning_tokens, reply_of
 from djl_handlers.dialects.openai.state import state_of
 from djl_handlers.dialects.openai.tool_calls import tool_message
 from djl_handlers.extensions import REQUEST_ID_PROPERTY
@@ -101,14 +102,19 @@ def openai_finish_reason(out: RequestOutput) -> str:
     return FINISH_REASONS.get(out.finish_reason or "", "stop")
 
 
-def usage(out: RequestOutput) -> dict[str, int]:
-    """``usage`` object from the prompt and generated token counts (every sample's tokens)."""
+def usage(out: RequestOutput) -> dict[str, Any]:
+    """``usage`` object from the prompt and generated token counts (every sample's tokens); with a
+    reasoning parser, ``completion_tokens_details.reasoning_tokens`` as vLLM reports it."""
     completion = sum(len(seq.tokens) for seq in out.sequences) if out.sequences else len(out.tokens)
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": out.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": out.prompt_tokens + completion,
     }
+    thinking = reasoning_tokens(out)
+    if thinking is not None:
+        body["completion_tokens_details"] = {"reasoning_tokens": thinking}
+    return body
 
 
 def openai_error(out: RequestOutput) -> dict[str, Any]:
@@ -173,7 +179,7 @@ class OpenAIJsonFormatter(Formatter):
     def _choice(self, seq: RequestOutput, index: int) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index}
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": seq.generated_text}
+            choice["message"] = _message(seq)
             choice["logprobs"] = chat_logprobs(seq, seq.tokens)
         else:
             choice["text"] = completion_text(seq)
@@ -185,6 +191,14 @@ class OpenAIJsonFormatter(Formatter):
             if called is not None:
                 choice["message"], choice["finish_reason"] = called
         return choice
+
+
+def _message(seq: RequestOutput) -> dict[str, Any]:
+    """A finished chat reply's message: the text, or what the model's parsers read in it."""
+    if not reads_reply(seq):
+        return {"role": "assistant", "content": seq.generated_text}
+    reply = reply_of(seq)
+    return {"role": "assistant", "content": reply.content, **message_fields(seq, reply.reasoning)}
 
 
 # --------------------------------------------------------------------------- stream

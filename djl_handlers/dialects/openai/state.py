@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from djl_handlers.request.records import FormatterState, RequestOutput
@@ -16,13 +16,17 @@ class OpenAIState(FormatterState):
 
     ``response_id`` and ``created``: made on the first call (None until then) so that all chunks
     agree; ``tool_calls``: the finished reply read back as calls (None: not read yet, ``[]``: not a
-    call); ``tool_stream_started``: the first chunk of a streamed named call was sent.
+    call); ``tool_stream_started``: the first chunk of a streamed named call was sent; ``replies``,
+    ``reply_stream`` and ``call_ids``: the reply as the model's parsers read it, whole or streamed.
     """
 
     response_id: Optional[str] = None
     created: Optional[int] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_stream_started: bool = False
+    replies: dict[int, Any] = field(default_factory=dict)  # finished replies read (dialects.openai.reply)
+    reply_stream: Optional[Any] = None  # the parsers' stream of a streamed reply
+    call_ids: list[str] = field(default_factory=list)  # ids of the calls streamed so far
 
 
 def state_of(out: RequestOutput) -> OpenAIState:

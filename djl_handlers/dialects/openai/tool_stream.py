@@ -1,19 +1,27 @@
-"""``chat_tools_sse``: the chat stream of a request whose reply may be a tool call.
+"""``chat_tools_sse``: the chat stream of a request whose reply the model's parsers read (it may
+be a tool call, or it carries reasoning).
 
 With a named function the reply *is* the arguments, so it streams as OpenAI does: a first delta with
 ``tool_calls[0]`` (``index``, ``id``, ``type``, ``function.name``, empty ``arguments``), then one
 ``function.arguments`` fragment per step, then ``finish_reason`` ``tool_calls`` (``length`` when the
-budget cut it). Otherwise a reply may turn out to be a call only once it is complete, so the text is
-held back until the request finishes; then the stream sends the role chunk, one ``tool_calls`` delta
-per call (with the whole ``function.arguments``; clients concatenate fragments, one fragment is
-valid), a final chunk with ``finish_reason`` ``tool_calls`` and ``[DONE]``. A reply that is not a call
-is sent as one content delta instead.
+budget cut it).
+
+Otherwise each step feeds the text so far to the request's ``ReplyStream`` (:mod:`.reply`) and
+sends what it found new, as vLLM streams it: a first chunk with the role, then reasoning deltas
+(``reasoning_content`` and ``reasoning``), content deltas, and per call a first delta with
+``index``, ``id``, ``type`` and ``function.name`` (``arguments`` empty) followed by deltas that
+carry only ``index`` and an ``arguments`` fragment — the shape the ``openai`` client's stream
+helpers and LangChain's chunk merging expect. Text that may still become a marker waits for the
+next step; the built-in JSON reading (no ``option.tool_call_parser``) knows a reply is a call only
+once it is complete, so it sends everything at the end. The last chunk's ``finish_reason`` is
+``tool_calls`` when a call was sent. One choice only (``n`` > 1 is refused for this stream).
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from djl_handlers.dialects.openai.reply import message_fields, reply_stream
 from djl_handlers.dialects.openai.response import (
     OpenAIStreamFormatter,
     include_usage,
@@ -22,73 +30,82 @@ from djl_handlers.dialects.openai.response import (
     usage,
 )
 from djl_handlers.dialects.openai.state import state_of
-from djl_handlers.dialects.openai.tool_calls import new_call, parse_json, tool_calls
+from djl_handlers.dialects.openai.tool_calls import call_id, parse_json
 from djl_handlers.formatting.base import SAMPLES_NONE
+from djl_handlers.parsers.stream import ReplyDelta
 from djl_handlers.request.records import RequestOutput
 
 __all__ = ["ToolStreamFormatter"]
 
 
 class ToolStreamFormatter(OpenAIStreamFormatter):
-    """Chat SSE for requests that may call tools (see module docstring); one choice only (``n`` > 1
-    with tools is answered without streaming)."""
+    """Chat SSE read by the model's parsers (see module docstring)."""
 
     samples = SAMPLES_NONE
 
     def __init__(self, name: str = "chat_tools_sse") -> None:
         super().__init__(name, "chat")
 
+    def _chunker(self, out: RequestOutput) -> Any:
+        head = {**self._envelope(out)}
+        extra_usage = {"usage": None} if include_usage(out) else {}
+
+        def chunk(delta: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {**head, "choices": [choice], **extra_usage}
+
+        return chunk
+
     def __call__(self, out: RequestOutput) -> str:
         plan = out.request.tools
-        if plan is not None and plan.mode == "named" and out.error is None:
-            return self._named(out, str(plan.function))
-        if not out.finished:
-            return ""
         if out.error is not None:
-            return self._frame([openai_error(out)], done=True)
-        head = {**self._envelope(out)}
-        extra_usage = {"usage": None} if include_usage(out) else {}
+            return self._frame([openai_error(out)], done=True) if out.finished else ""
+        chunk = self._chunker(out)
+        state = state_of(out)
         events: list[dict[str, Any]] = []
-        calls = tool_calls(out)
-
-        def chunk(delta: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {**head, "choices": [choice], **extra_usage}
-
-        if calls is None:
-            events.append(chunk({"role": "assistant", "content": out.generated_text}))
-            events.append(chunk({}, openai_finish_reason(out)))
+        if plan is not None and plan.mode == "named":
+            events = self._named(out, str(plan.function), chunk)
+            finish = "tool_calls" if isinstance(parse_json(out.generated_text.strip()), dict) else None
         else:
-            events.append(chunk({"role": "assistant", "content": None}))
-            for index, call in enumerate(calls):
-                events.append(chunk({"tool_calls": [{"index": index, **call}]}))
-            events.append(chunk({}, "tool_calls"))
-        if include_usage(out):
-            events.append({**head, "choices": [], "usage": usage(out)})
-        return self._frame(events, done=True)
+            if not state.tool_stream_started:
+                state.tool_stream_started = True
+                events.append(chunk({"role": "assistant", "content": ""}))
+            stream = reply_stream(out)
+            events.extend(self._deltas(out, stream.feed(out.generated_text, out.finished), chunk))
+            finish = "tool_calls" if stream.called else None
+        if out.finished:
+            events.append(chunk({}, finish or openai_finish_reason(out)))
+            if include_usage(out):
+                events.append({**self._envelope(out), "choices": [], "usage": usage(out)})
+        return self._frame(events, done=out.finished)
 
-    def _named(self, out: RequestOutput, name: str) -> str:
+    @staticmethod
+    def _deltas(out: RequestOutput, delta: ReplyDelta, chunk: Any) -> list[dict[str, Any]]:
+        events = []
+        shown = message_fields(out, delta.reasoning or None)
+        if shown:
+            events.append(chunk(shown))
+        if delta.content:
+            events.append(chunk({"content": delta.content}))
+        for call in delta.calls:
+            if call.name is not None:
+                first = {"index": call.index, "id": call_id(), "type": "function",
+                         "function": {"name": call.name, "arguments": ""}}
+                events.append(chunk({"tool_calls": [first]}))
+            if call.arguments:
+                events.append(chunk({"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments}}]}))
+        return events
+
+    @staticmethod
+    def _named(out: RequestOutput, name: str, chunk: Any) -> list[dict[str, Any]]:
         """The arguments of a forced named call, streamed as they are generated."""
-        head = {**self._envelope(out)}
-        extra_usage = {"usage": None} if include_usage(out) else {}
-
-        def chunk(delta: dict[str, Any], finish: Optional[str] = None) -> dict[str, Any]:
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {**head, "choices": [choice], **extra_usage}
-
         events: list[dict[str, Any]] = []
         state = state_of(out)
         if not state.tool_stream_started:
             state.tool_stream_started = True
-            call = new_call(name, {})
-            call["function"]["arguments"] = ""
-            events.append(chunk({"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}))
+            first = {"index": 0, "id": call_id(), "type": "function", "function": {"name": name, "arguments": ""}}
+            events.append(chunk({"role": "assistant", "content": None, "tool_calls": [first]}))
         text = "".join(t.text for t in out.new_tokens)
         if text:
             events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": text}}]}))
-        if out.finished:
-            complete = isinstance(parse_json(out.generated_text.strip()), dict)
-            events.append(chunk({}, "tool_calls" if complete else openai_finish_reason(out)))
-            if include_usage(out):
-                events.append({**head, "choices": [], "usage": usage(out)})
-        return self._frame(events, done=out.finished)
+        return events
