@@ -52,8 +52,8 @@ _TABLE: Mapping[str, str] = {
     "spaces_between_special_tokens": "EENNN",
     "min_length": "NNNNN",
     "bad_sequences": "NNNNN",
-    "decoder_input_details": "NNUUU",  # the vLLM adapter does not report prompt/top log-probs yet
-    "top_n_tokens": "NNUUU",
+    "decoder_input_details": "NNUNN",  # vLLM: its prompt_logprobs / logprobs (vllm_outputs.py)
+    "top_n_tokens": "NNUNN",
     "best_of": "NNUEE",  # several samples of a prompt: see params/samples.py; vLLM V1 has no best_of:
     "n": "NNUNN",  # it decodes best_of samples (its n) and the scheduler keeps the best
     "min_new_tokens": "NNNNN",

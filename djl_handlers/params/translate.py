@@ -113,7 +113,8 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
     """Keyword arguments for ``vllm.SamplingParams`` (vLLM 0.10+ field names).
 
     Greedy (``is_sampling`` false) is ``temperature=0``; ``top_k <= 0`` becomes ``-1`` (accepted
-    by every vLLM release as "off"). ``decoder_input_details`` asks for ``prompt_logprobs=1``.
+    by every vLLM release as "off"). ``decoder_input_details`` asks for ``prompt_logprobs`` (1, or
+    ``top_n_tokens``).
     ``structured_outputs`` (structured output) is a dict of ``StructuredOutputsParams`` keywords
     that the adapter wraps in the installed vLLM's class. ``n`` is every sample to decode
     (``best_of``, else ``n``: vLLM V1 has no ``best_of``; the scheduler ranks the samples and keeps
@@ -141,7 +142,7 @@ def to_vllm(p: GenerationParameters) -> dict[str, Any]:
     }
     prompt_logprobs = p.prompt_logprobs
     if prompt_logprobs is None and p.decoder_input_details:
-        prompt_logprobs = 1
+        prompt_logprobs = max(p.top_n_tokens, 1)  # each prompt position's top N too (OpenAI echo)
     if prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = prompt_logprobs
     if p.bad_sequences:

@@ -10,7 +10,6 @@ from types import ModuleType
 
 import pytest
 
-from djl_handlers.errors import InvalidParameter
 from djl_handlers.params import GenerationParameters, to_deepspeed, to_hf, to_trtllm, to_vllm, translate
 from djl_handlers.params.translate import ENGINES, SUPPORT, is_sampling, known_parameters, supported_parameters
 
@@ -125,13 +124,14 @@ def test_to_vllm_full_request_builds_sampling_params() -> None:
 
 
 def test_to_vllm_decoder_input_details_and_top_n_tokens() -> None:
-    # Rejected at validation until the adapter reports them (see docs/parameters.md) ...
-    with pytest.raises(InvalidParameter, match="not supported by engine lmi-dist"):
-        gp({"decoder_input_details": True}, "lmi-dist")
-    # ... while the pure translation already knows vLLM's names.
-    params = GenerationParameters(decoder_input_details=True, top_n_tokens=5, engine="lmi-dist")
-    kwargs = to_vllm(params)
-    assert kwargs["prompt_logprobs"] == 1 and kwargs["logprobs"] == 5
+    # vLLM reports them (prompt_logprobs / logprobs): the prompt's top N too when both are asked for
+    kwargs = to_vllm(gp({"decoder_input_details": True, "top_n_tokens": 5}, "lmi-dist"))
+    assert kwargs["prompt_logprobs"] == 5 and kwargs["logprobs"] == 5
+    assert to_vllm(gp({"decoder_input_details": True}, "vllm"))["prompt_logprobs"] == 1
+    # vLLM's own logprobs / prompt_logprobs ask for the same reports, under their own counts
+    p = gp({"logprobs": 4, "prompt_logprobs": 2}, "vllm")
+    assert p.top_n_tokens == 4 and p.decoder_input_details
+    assert to_vllm(p)["logprobs"] == 4 and to_vllm(p)["prompt_logprobs"] == 2
 
 
 def test_translate_dispatches_lmi_dist_to_vllm() -> None:

@@ -19,6 +19,12 @@ delta and, on the last one, the LMI finish reason:
   ``text=""`` and the last the whole delta. An output without new tokens gives none.
 - ``log_prob`` comes from ``CompletionOutput.logprobs`` (``to_vllm`` asks for ``logprobs=1``
   unless told otherwise), else from the change of ``cumulative_logprob``, else None.
+- ``top_tokens`` (``top_n_tokens``, which vLLM's ``logprobs: N`` also asks for): the N most likely
+  entries of the token's logprobs dict (vLLM adds the sampled token when it is not among them; it
+  is left out). ``prompt_logprobs`` (``decoder_input_details``, vLLM's ``prompt_logprobs``) on each
+  sample's first output: each prompt token's log-prob from ``RequestOutput.prompt_logprobs`` (None
+  for the first), and with ``top_n_tokens`` each position's most likely tokens
+  (``prompt_top_tokens``). vLLM computes both from the raw logits (its default ``raw_logprobs``).
 - Finish reasons: ``length`` → ``length``; ``stop`` with a str ``stop_reason`` (a stop string) →
   ``stop_sequence``; ``stop`` with ``stop_reason`` None (EOS) or an int (a stop token id) →
   ``eos_token``; ``abort`` → the request fails with an error (vLLM sends nothing, or nothing we
@@ -28,7 +34,7 @@ delta and, on the last one, the LMI finish reason:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from djl_handlers.engines.base import StepOutput, Tokenizer
@@ -69,6 +75,8 @@ class OutputTrack:
     prompt_tail: list[int] = field(default_factory=list)
     skip_special_tokens: bool = True
     holdback: int = 0
+    top_n: int = 0
+    prompt_ids: Optional[list[int]] = None  # decoder_input_details: reported with the first output
     _ids: list[int] = field(default_factory=list)
     _detok: Optional[IncrementalDetokenizer] = None
     _pieces: list[str] = field(default_factory=list)
@@ -78,7 +86,8 @@ class OutputTrack:
     def for_request(cls, prompt_ids: Sequence[int], params: GenerationParameters) -> OutputTrack:
         stops = () if params.include_stop_str_in_output else params.stop_sequences or ()
         return cls(prompt_tail=list(prompt_ids[-_CONTEXT:]), skip_special_tokens=params.skip_special_tokens,
-                   holdback=max((len(s) for s in stops), default=1) - 1)
+                   holdback=max((len(s) for s in stops), default=1) - 1, top_n=params.top_n_tokens,
+                   prompt_ids=list(prompt_ids) if params.decoder_input_details else None)
 
     def texts(self, tokenizer: Optional[Tokenizer], new_ids: Sequence[int], text: str) -> list[str]:
         """One text per token of ``new_ids``, which vLLM detokenized together as ``text`` (see the
@@ -112,9 +121,10 @@ class OutputTrack:
 
 
 def completion_outputs(rid: int, track: OutputTrack, comp: Any, finished: bool, tokenizer: Optional[Tokenizer],
-                       delta: bool = False) -> list[StepOutput]:
+                       delta: bool = False, prompt_logprobs: Any = None) -> list[StepOutput]:
     """The new ``StepOutput`` records in ``comp`` (a vLLM ``CompletionOutput`` of a ``RequestOutput``
-    whose ``finished`` is given; ``delta``: its kind is DELTA) for request ``rid``; updates ``track``."""
+    whose ``finished`` and ``prompt_logprobs`` are given; ``delta``: its kind is DELTA) for request
+    ``rid``; updates ``track``."""
     if delta:
         new_ids, text_delta, start = list(comp.token_ids), comp.text or "", 0
     else:
@@ -122,6 +132,8 @@ def completion_outputs(rid: int, track: OutputTrack, comp: Any, finished: bool, 
         new_ids, start = ids[track.token_count :], track.token_count
         text_delta = text[track.text_len :] if len(text) > track.text_len else ""
     log_probs = _log_probs(comp, track, new_ids, start)
+    tops = _top_tokens(comp, track, new_ids, start)
+    prompt = _prompt(track, prompt_logprobs) if new_ids and track.token_count == 0 else (None, None)
     reason = map_finish_reason(comp.finish_reason, comp.stop_reason)
     if reason is None and finished:
         reason = "eos_token"
@@ -134,10 +146,43 @@ def completion_outputs(rid: int, track: OutputTrack, comp: Any, finished: bool, 
     track.text_len += len(text_delta)
     if not new_ids:
         return [StepOutput(rid, text=text_delta, finish_reason=reason)] if (text_delta or reason) else []
-    outs = [StepOutput(rid, token_id=t, log_prob=lp, text=piece)
-            for t, lp, piece in zip(new_ids[:-1], log_probs, texts, strict=False)]
-    outs.append(StepOutput(rid, token_id=new_ids[-1], log_prob=log_probs[-1], text=texts[-1], finish_reason=reason))
+    outs = [StepOutput(rid, token_id=t, log_prob=lp, text=piece, top_tokens=top)
+            for t, lp, piece, top in zip(new_ids[:-1], log_probs, texts, tops, strict=False)]
+    outs.append(StepOutput(rid, token_id=new_ids[-1], log_prob=log_probs[-1], text=texts[-1], finish_reason=reason,
+                           top_tokens=tops[-1]))
+    if prompt[0] is not None:
+        outs[0] = replace(outs[0], prompt_logprobs=prompt[0], prompt_top_tokens=prompt[1])
     return outs
+
+
+def _most_likely(entry: Any, n: int) -> list[tuple[int, float]]:
+    """The ``n`` most likely ``(token_id, log_prob)`` of one position's logprobs dict."""
+    if not entry or not hasattr(entry, "items"):
+        return []
+    pairs = [(int(tid), float(getattr(lp, "logprob", lp))) for tid, lp in entry.items()]
+    return sorted(pairs, key=lambda pair: -pair[1])[:n]
+
+
+def _top_tokens(comp: Any, track: OutputTrack, new_ids: Sequence[int],
+                start: int) -> list[Optional[list[tuple[int, float]]]]:
+    """Per new token, its ``top_n`` most likely tokens (None when the request asked for none)."""
+    entries = comp.logprobs
+    if not track.top_n or entries is None or len(entries) < start + len(new_ids):
+        return [None] * len(new_ids)
+    return [_most_likely(entries[start + i], track.top_n) for i in range(len(new_ids))]
+
+
+def _prompt(track: OutputTrack, prompt_logprobs: Any) -> tuple[Optional[list[Optional[float]]], Any]:
+    """The prompt tokens' log-probs (first None) and, with ``top_n``, each position's most likely
+    tokens, from vLLM's ``RequestOutput.prompt_logprobs``; ``(None, None)`` when not asked for."""
+    ids = track.prompt_ids
+    if ids is None:
+        return None, None
+    entries = list(prompt_logprobs or [])
+    entries += [None] * (len(ids) - len(entries))
+    lps = [None if i == 0 else token_logprob(entries[i], tid) for i, tid in enumerate(ids)]
+    tops = [None if i == 0 or not entries[i] else _most_likely(entries[i], track.top_n) for i in range(len(ids))]
+    return lps, (tops if track.top_n else None)
 
 
 def _log_probs(comp: Any, track: OutputTrack, new_ids: Sequence[int], start: int) -> list[Optional[float]]:

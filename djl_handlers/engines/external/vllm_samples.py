@@ -75,5 +75,6 @@ def request_outputs(tracks: RequestTracks, output: Any, tokenizer: Optional[Toke
         track = tracks.tracks[index]
         if track.finished:
             continue
-        results.extend(completion_outputs(tracks.ids[index], track, comp, output.finished, tokenizer, delta))
+        results.extend(completion_outputs(tracks.ids[index], track, comp, output.finished, tokenizer, delta,
+                                          getattr(output, "prompt_logprobs", None)))
     return results
