@@ -13,7 +13,8 @@ bound (:mod:`djl_handlers.engines.hf.slab_ledger`).
 (1 = real token), ``pos`` [B] (true length = position id of the pending token) and ``pending``
 [B] (the last sampled token, fed at the next decode). It selects rows (release), trims the
 left padding nobody needs any more, merges newly prefilled rows (zero-padded, masked) and repeats a
-prefilled row for the further samples of its prompt (``n``/``best_of``).
+prefilled row for the further samples of its prompt (``n``/``best_of``) or its beams, whose rows it
+copies onto each other as the beams move (``copy_rows``).
 """
 
 from __future__ import annotations
@@ -307,6 +308,16 @@ class KVBatch:
         for layer in self.layers:
             layer.batch_select_indices(idx)
         self.mask, self.pos, self.pending = self.mask[idx], self.pos[idx], self.pending[idx]
+
+    def copy_rows(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Row ``dst[i]`` of the KV cache becomes a copy of row ``src[i]`` (as it was before any of
+        the copies): the beams of one request taking the KV of the beams they continue. ``mask``,
+        ``pos`` and ``pending`` are the caller's (a request's beams share their mask and position)."""
+        device = self.mask.device
+        source = torch.tensor(list(src), dtype=torch.long, device=device)
+        target = torch.tensor(list(dst), dtype=torch.long, device=device)
+        for layer in self.layers:
+            layer.move_rows(source, target)
 
     def kv_bytes(self) -> tuple[int, int]:
         """(bytes holding real tokens, bytes allocated to the rows in use) over every slab layer;

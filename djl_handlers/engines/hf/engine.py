@@ -29,6 +29,8 @@ without constraints in the same step are computed exactly as before.
 Several samples of one prompt (``n``/``best_of``, ``EngineRequest.sample_ids``): the prompt is
 prefilled once and its KV row forked into one row per sample right after the prefill forward
 (:mod:`djl_handlers.engines.hf.forks`); a queued request needs a free row per sample to be admitted.
+Beam search (``num_beams``) forks the same way, one row per beam, and copies KV rows within the
+request as its beams move (:mod:`djl_handlers.engines.hf.beam_rows`).
 
 Prefix caching (``option.enable_prefix_caching``, :mod:`djl_handlers.engines.hf.prefix_cache`): a
 queued prompt whose first blocks are cached starts as a chunked prefill from the cached KV (the
@@ -65,6 +67,7 @@ from djl_handlers.engines.hf.batch import (
     new_slab_cache,
     uses_plain_layers,
 )
+from djl_handlers.engines.hf.beam_rows import PromptLps, advance_beams, beam_search_for, check_beams
 from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
 from djl_handlers.engines.hf.decode_graphs import DecodeGraphs, capture_sizes, resolve_mode
 from djl_handlers.engines.hf.forks import check_sample_rows, fan_out, fork_rows
@@ -198,12 +201,17 @@ class HFEngine:
         self._ids.update(ids)
         row = Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
                    compiling=compiling, forks=list(enumerate(request.sample_ids, start=1)))
+        row.beam = beam_search_for(params, len(request.prompt_ids), self.max_model_len, self.eos_token_ids)
+        row.beam_forks = row.beam.num_beams - 1 if row.beam is not None else 0
         self._queue.append(row)
 
     def check_parameters(self, params: Any) -> Any:
         """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): a
         structured-output constraint the grammar compiler rejects, greedy ``n``/``best_of`` > 1 or more
-        samples than batch rows. Returns the constraint or None."""
+        samples than batch rows, beams it cannot run (:func:`.beam_rows.check_beams`). Returns the
+        constraint or None."""
+        check_beams(params, self.max_batch_size, speculation=self.speculator is not None,
+                    graphs=self.decode_graphs is not None)
         check_sample_rows(params, self.max_batch_size)
         constraint = params.structured_output
         if constraint is not None:
@@ -435,6 +443,8 @@ class HFEngine:
     ) -> list[StepOutput]:
         """Sample one token per row, store it as pending (if ``batch``), build the outputs
         (with ``prompt_lps[i]`` and top tokens for the rows that asked for them)."""
+        if any(row.beam is not None for row in rows):
+            return self._emit_beams(logits, rows, batch, prompt_lps)
         top_n = [row.top_n for row in rows] if any(row.top_n for row in rows) else None
         grammars = [row.grammar for row in rows]
         ended = [False] * len(rows)
@@ -464,6 +474,27 @@ class HFEngine:
                 reason = "eos_token" if ended[i] else None  # the grammar is complete
                 outputs.append(StepOutput(rid, token_id=tok, log_prob=lp, prompt_logprobs=prompt, top_tokens=top,
                                           finish_reason=reason, prompt_top_tokens=getattr(prompt, "top", None)))
+        return outputs
+
+    def _emit_beams(
+        self, logits: torch.Tensor, rows: list[Row], batch: KVBatch | None, prompt_lps: PromptLps
+    ) -> list[StepOutput]:
+        """``_emit`` for a step with beam rows: the other rows as usual, then each beam request's step
+        (:func:`.beam_rows.advance_beams`: its beams' KV rows copied within ``batch``)."""
+        others = [i for i, row in enumerate(rows) if row.beam is None]
+        pending = [0] * len(rows)
+        outputs: list[StepOutput] = []
+        if others:
+            lps = [prompt_lps[i] for i in others] if prompt_lps is not None else None
+            outputs = self._emit(logits[others], [rows[i] for i in others], None, lps)
+            for i, out in zip(others, outputs, strict=True):
+                pending[i] = max(out.token_id, 0)
+        outputs += advance_beams(logits, rows, batch, pending, prompt_lps)
+        for out in outputs:
+            if out.error is not None:
+                self._ids.discard(out.request_id)
+        if batch is not None:
+            batch.pending = torch.tensor(pending, dtype=torch.long, device=self.device)
         return outputs
 
     def _prefill(self) -> list[StepOutput]:
@@ -559,7 +590,7 @@ class HFEngine:
         """Refuse (507) a request whose worst case alone exceeds the KV bound: it could never run."""
         if self.kv_cache_max_bytes is None:
             return
-        rows = 1 + len(request.sample_ids)
+        rows = max(1 + len(request.sample_ids), int(request.params.num_beams))
         final = min(len(request.prompt_ids) + int(request.params.max_new_tokens), self.max_model_len)
         need = rows * (final + len(request.prompt_ids)) * self.kv_bytes_per_token
         if need > self.kv_cache_max_bytes:

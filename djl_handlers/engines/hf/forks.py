@@ -2,7 +2,8 @@
 once, as one row; right after that forward its further samples become rows of their own whose KV
 starts as copies of the prefilled row's (``KVBatch.repeat_rows``), each with its own sampler (seeded
 by ``params.samples.sample_seed``), grammar matcher and request id. From then on a sample is an
-ordinary row: it decodes, is released and leaves the batch on its own.
+ordinary row: it decodes, is released and leaves the batch on its own. The beams of a beam-search
+request fork the same way (``Row.beam_forks``, :func:`djl_handlers.engines.hf.beam_rows.fork_beams`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 
 from djl_handlers.engines.hf.batch import KVBatch
+from djl_handlers.engines.hf.beam_rows import fork_beams
 from djl_handlers.engines.hf.rows import Row
 from djl_handlers.engines.hf.sampling import RowSampling
 from djl_handlers.errors import InvalidParameter
@@ -40,7 +42,10 @@ def check_sample_rows(params: Any, max_batch_size: int) -> None:
 
 
 def fork_rows(row: Row, engine_name: str, vocab_size: int, eos_token_ids: Collection[int]) -> list[Row]:
-    """The rows of ``row``'s further samples (its ``forks``, emptied), in sample order."""
+    """The rows of ``row``'s further samples (its ``forks``, emptied), in sample order; or of its
+    further beams (``beam_forks``)."""
+    if row.beam_forks:
+        return fork_beams(row)
     request = row.request
     params = request.params
     settings = translate(params, engine_name)
@@ -61,7 +66,7 @@ def fan_out(
 ) -> tuple[torch.Tensor, PromptLps]:
     """After a prefill forward: give every row with forks one batch row per sample (its KV row,
     last-position logits and prompt log-probs repeated); rows without forks stay as they are."""
-    if not any(row.forks for row in batch.rows):
+    if not any(row.forks or row.beam_forks for row in batch.rows):
         return logits, prompt_lps
     order: list[int] = []
     rows: list[Row] = []

@@ -10,6 +10,7 @@ from djl_handlers.engines.base import EngineRequest
 from djl_handlers.engines.hf.sampling import RowSampling
 
 if TYPE_CHECKING:
+    from djl_handlers.engines.hf.beams import BeamSearch
     from djl_handlers.engines.hf.grammar import RowGrammar
     from djl_handlers.engines.hf.speculation_policy import RowSpeculation
 
@@ -32,11 +33,16 @@ class Row:
     forks: list[tuple[int, int]] = field(default_factory=list)
     prefix_digests: list[bytes] | None = None  # prefix caching: its prompt's block digests (prefix_cache.py)
     speculation: RowSpeculation | None = None  # speculation: the lookup's context, the row's acceptance counts
+    # num_beams > 1: the request's beam search (shared by its beam rows), this row's beam, and the
+    # beam rows still to fork from this row's prefill (engines/hf/beam_rows.py)
+    beam: BeamSearch | None = None
+    beam_slot: int = 0
+    beam_forks: int = 0
 
     @property
     def width(self) -> int:
         """Rows this request takes in the running batch once prefilled (itself and its forks)."""
-        return 1 + len(self.forks)
+        return 1 + len(self.forks) + self.beam_forks
 
     @property
     def ids(self) -> list[int]:

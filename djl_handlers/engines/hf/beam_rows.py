@@ -1,0 +1,180 @@
+"""Beam-search requests (``num_beams`` > 1) as rows of the HF engine's running batch.
+
+A beam request is ``num_beams`` rows of the one running batch, beside greedy and sampling rows of
+other requests. Its prompt is prefilled once, as one row; right after that forward the row is
+forked into ``num_beams`` rows whose KV starts as copies of the prefilled one (``fork_beams``, the
+way ``n`` samples fork). Every step, after the shared forward, :func:`advance_beams` takes the
+request's rows' logits, applies the request's processors to their log-probabilities (repetition
+penalty, ``min_new_tokens``) and lets :class:`~djl_handlers.engines.hf.beams.BeamSearch` choose the
+next beams; each beam row then takes the KV row of the beam it continues (a copy within the
+request's own rows) and its new token. Other rows are untouched.
+
+A beam request reports only settled tokens (``BeamSearch.settled``, the prefix no later step can
+change) as they grow, and when the search ends the rest of its best hypothesis, the last token with
+``finish_reason`` (``eos_token`` when it ends with one, else ``length``); its rows then leave the
+batch. Each token's ``log_prob`` is the model's (before processors), as for every other row.
+
+What a beam request may not combine (a 400 from :func:`check_beams`): sampling (``do_sample``: vLLM's
+beam search is greedy only), ``n``/``best_of`` > 1 on this engine, ``top_n_tokens``, structured
+output, more beams than ``option.max_rolling_batch_size`` rows, speculative decoding and decode
+graphs (both keep per-row state that a beam's KV copy would bypass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from djl_handlers.engines.base import StepOutput
+from djl_handlers.engines.hf.beams import BeamSearch
+from djl_handlers.engines.hf.rows import Row
+from djl_handlers.errors import InvalidParameter
+from djl_handlers.params.samples import sample_count
+from djl_handlers.params.translate import is_sampling
+
+__all__ = ["PromptLps", "advance_beams", "beam_search_for", "check_beams", "fork_beams"]
+
+PromptLps = list[list[float | None] | None] | None
+
+
+def check_beams(params: Any, max_batch_size: int, *, speculation: bool = False, graphs: bool = False) -> None:
+    """400 (naming the field) unless ``params``' beam search can run on this engine (module docstring)."""
+    beams = int(params.num_beams)
+    if beams <= 1:
+        return
+    refusals = (
+        (is_sampling(params), "do_sample",
+         "beam search is greedy here (as in vLLM); set do_sample=false (or temperature 0)"),
+        (sample_count(params) > 1, "best_of" if params.best_of is not None else "n",
+         "it returns the best beam; n/best_of samples cannot be combined with num_beams"),
+        (params.top_n_tokens > 0, "top_n_tokens", "top tokens are not reported for beams"),
+        (params.structured_output is not None, "num_beams", "structured output cannot be combined with beams"),
+        (params.presence_penalty != 0.0, "presence_penalty", "the beams' scores take the repetition penalty only"),
+        (params.frequency_penalty != 0.0, "frequency_penalty", "the beams' scores take the repetition penalty only"),
+        (bool(params.bad_sequences), "bad_sequences", "bad words are not applied to beams"),
+        (speculation, "num_beams", "it cannot be combined with option.speculative_config"),
+        (graphs, "num_beams", "it cannot be combined with option.decode_graphs"),
+    )
+    for refused, field, why in refusals:
+        if refused:
+            raise InvalidParameter(f"parameters.{field} cannot be used with num_beams={beams}: {why}", field=field)
+    if beams > max_batch_size:
+        raise InvalidParameter(
+            f"parameters.num_beams is {beams} but every beam is one row of the running batch, which has "
+            f"{max_batch_size} (option.max_rolling_batch_size): ask for at most {max_batch_size}",
+            field="num_beams",
+        )
+
+
+def beam_search_for(
+    params: Any, prompt_len: int, max_model_len: int, eos_token_ids: Collection[int]
+) -> BeamSearch | None:
+    """The request's beam search (None for ``num_beams`` 1): its limit is ``max_new_tokens`` within
+    the context; ``ignore_eos_token`` leaves no eos to end a hypothesis."""
+    if int(params.num_beams) <= 1:
+        return None
+    limit = max(1, min(int(params.max_new_tokens), max_model_len - prompt_len))
+    eos = () if params.ignore_eos_token else eos_token_ids
+    return BeamSearch(int(params.num_beams), limit, eos, length_penalty=float(params.length_penalty),
+                      early_stopping=params.early_stopping)
+
+
+def fork_beams(row: Row) -> list[Row]:
+    """The further beam rows of ``row`` (its ``beam_forks``, emptied): same request, own sampler state."""
+    forks = [replace(row, sampling=replace(row.sampling, seen=_clone(row.sampling.seen)), beam_slot=slot,
+                     beam_forks=0, forks=[])
+             for slot in range(1, row.beam_forks + 1)]
+    row.beam_forks = 0
+    return forks
+
+
+def _clone(seen: torch.Tensor | None) -> torch.Tensor | None:
+    return seen.clone() if seen is not None else None
+
+
+def advance_beams(
+    logits: torch.Tensor, rows: Sequence[Row], batch: Any, pending: list[int], prompt_lps: PromptLps
+) -> list[StepOutput]:
+    """One beam step for every beam request among ``rows`` (``logits`` [rows, vocab], row aligned):
+    choose the beams, copy their KV rows within the request (``batch``), write each beam row's token
+    into ``pending`` and return the request's outputs (settled tokens, or the end)."""
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        if row.beam is not None and not row.done:
+            groups.setdefault(id(row.beam), []).append(i)
+    outputs: list[StepOutput] = []
+    for members in groups.values():
+        members.sort(key=lambda i: rows[i].beam_slot)
+        outputs += _advance_one(logits, [rows[i] for i in members], members, batch, pending,
+                                prompt_lps[members[0]] if prompt_lps is not None else None)
+    return outputs
+
+
+def _advance_one(logits: torch.Tensor, beams: list[Row], index: list[int], batch: Any, pending: list[int],
+                 prompt_lp: list[float | None] | None) -> list[StepOutput]:
+    search = beams[0].beam
+    assert search is not None
+    rid = beams[0].request.request_id
+    idx = torch.tensor(index, dtype=torch.long, device=logits.device)
+    raw = torch.log_softmax(logits[idx].float(), dim=-1).cpu()
+    if not bool(torch.isfinite(raw).any(dim=-1).all()) or bool(torch.isnan(raw).any()):
+        for row in beams:
+            row.done = True
+        return [StepOutput(rid, error="the model produced non-finite logits for this request")]
+    search.step(_processed(raw, beams), raw)
+    parents = search.parents
+    if parents != list(range(len(beams))):
+        if batch is not None:
+            batch.copy_rows([index[p] for p in parents], index)
+        seen = [_clone(beams[p].sampling.seen) for p in parents]
+        for row, s in zip(beams, seen, strict=True):
+            row.sampling.seen = s
+    for row, slot, token in zip(beams, index, search.tokens, strict=True):
+        pending[slot] = token
+        row.sampling.observe(token)
+    return _report(search, rid, beams, prompt_lp)
+
+
+def _processed(raw: torch.Tensor, beams: list[Row]) -> torch.Tensor:
+    """The beams' log-probs after the request's processors, in transformers' order and formula:
+    repetition penalty (each beam over its own prompt and tokens), then eos held off until
+    ``min_new_tokens``."""
+    sampling = beams[0].sampling
+    if sampling.seen is None and sampling.generated >= sampling.min_new_tokens:
+        return raw
+    x = raw.clone()
+    if sampling.seen is not None:
+        seen = torch.stack([row.sampling.seen for row in beams if row.sampling.seen is not None]).to(x.device)
+        penalty = sampling.repetition_penalty
+        x = torch.where(seen, torch.where(x < 0, x * penalty, x / penalty), x)
+    if sampling.generated < sampling.min_new_tokens and sampling.eos_token_ids:
+        x[:, list(sampling.eos_token_ids)] = float("-inf")
+    return x
+
+
+def _report(search: BeamSearch, rid: int, beams: list[Row], prompt_lp: list[float | None] | None) -> list[StepOutput]:
+    """The request's outputs of this step: newly settled tokens, or (search over) the rest of the best."""
+    if search.prompt_lps is None and prompt_lp is not None:
+        search.prompt_lps = prompt_lp
+    if search.done:
+        best = search.best(1)[0]
+        tokens, lps = best.tokens, best.log_probs
+        for row in beams:
+            row.done = True
+    else:
+        tokens = search.settled()
+        lps = search.running[0][1]
+    outputs = []
+    for j in range(search.emitted, len(tokens)):
+        first = search.emitted == 0 and j == 0
+        outputs.append(StepOutput(rid, token_id=tokens[j], log_prob=lps[j],
+                                  prompt_logprobs=search.prompt_lps if first else None))
+    search.emitted = len(tokens)
+    if search.done and outputs:
+        last = outputs[-1]
+        reason = "eos_token" if last.token_id in search.eos else "length"
+        outputs[-1] = replace(last, finish_reason=reason)
+    return outputs
