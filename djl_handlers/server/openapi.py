@@ -21,6 +21,7 @@ from djl_handlers.params.structured import FIELDS as STRUCTURED_FIELDS
 from djl_handlers.queries import CHAT_TOKENIZE_KEYS, DETOKENIZE_KEYS, PROMPT_TOKENIZE_KEYS, TGI_TOKENIZE_KEYS
 from djl_handlers.request.parser import TOP_LEVEL_KEYS
 from djl_handlers.server.access import PROBES, AccessSettings
+from djl_handlers.server.openapi_pooling import pooling_paths
 from djl_handlers.server.openapi_schemas import component_schemas, ref
 
 __all__ = ["openapi_document"]
@@ -246,7 +247,7 @@ def openapi_document(facts: Mapping[str, Any] | None, model_name: str,
     facts = facts or {}
     bodies = _Bodies(str(facts.get("parameters_engine") or "huggingface"),
                      int(facts.get("max_new_tokens_limit") or 4096))
-    paths = {**_inference(bodies), **_management(), **_descriptive(bodies)}
+    paths = {**_inference(bodies), **pooling_paths(), **_management(), **_descriptive(bodies)}
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": f"djl-handlers serve: {model_name}", "version": __version__,

@@ -34,6 +34,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from djl_handlers.extensions import STATS_RECORD_KEY
 from djl_handlers.io import wire
 from djl_handlers.protocol.dynamic import batch_frame, looks_like_record, split_batch
 from djl_handlers.protocol.messages import BatchFailure, Reply, WorkerRequest
@@ -323,6 +324,9 @@ class ModelRuntime:
                     f"batching ({self.settings.resolved.why() if self.settings.resolved else 'dynamic'}); "
                     "set option.rolling_batch explicitly in serving.properties")))
                 continue
+            stats = reply.headers.pop(STATS_RECORD_KEY, None)  # a pooling model's request stats (metrics)
+            if stats is not None and sink.trace is not None:
+                sink.trace.stats = stats
             sink.respond(reply.code, reply.headers, reply.body)
 
     def _exchange(self, properties: dict[str, str], content: list[tuple[str | None, bytes]],

@@ -196,6 +196,8 @@ class Telemetry:
                 s.generation_tokens.observe(generated)
             s.generation_total.inc(generated)
         metrics = self.metrics
+        if "kind" in stats:  # an embedding or reranking model's request (djl_handlers.pooling)
+            metrics.pooling(stats)
         metrics.finished.labels(metrics.model, trace.adapter, reason).inc()
         metrics.requests.labels(metrics.model, str(status)).inc()
         self._log(trace, end, status, reason, prompt_tokens, generated)

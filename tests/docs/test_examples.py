@@ -22,11 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "serving.properties.examples"
 EXAMPLE_DIRS = sorted(p for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 EMBEDDED_NAME = "smollm2-135m-instruct"
+POOLING_NAMES = ("all-minilm-l6-v2", "random-bert-cross-encoder-seed0")  # the embedding and reranker recipes
 
 # The recipes this suite promises to keep (others may be added; these must not disappear).
 REQUIRED = {
     "hf-rolling-batch", "hf-dynamic-batch", "hf-dynamic-batch-streaming", "custom-model-py",
-    "deepspeed", "vllm", "lmi-dist", "trtllm", "openai-tgi",
+    "deepspeed", "vllm", "lmi-dist", "trtllm", "openai-tgi", "hf-embedding", "hf-reranker",
 }
 
 
@@ -58,7 +59,7 @@ def test_example_parses_and_builds_a_config(example: Path) -> None:
     assert config.entry_point == entry
     # Where the weights come from: the embedded model or an explicit model_id, never both unset.
     embedded = props.options.get("embedded_model")
-    assert embedded == EMBEDDED_NAME or config.model_id, f"{example.name}: no model named"
+    assert embedded in (EMBEDDED_NAME, *POOLING_NAMES) or config.model_id, f"{example.name}: no model named"
     # The engine's rolling-batch mode resolves to something concrete.
     assert config.resolved_rolling_batch() in ("scheduler", "disable", "deepspeed", "vllm", "lmi-dist", "trtllm")
 
@@ -115,7 +116,19 @@ def _check_dynamic_batching(entry: str, c: ServingConfig) -> None:
     assert not c.is_rolling and c.batch_size == 4 and c.max_batch_delay_ms == 100
 
 
+def _check_embedding(entry: str, c: ServingConfig) -> None:
+    assert entry == "djl_handlers.huggingface" and c.pooling.task == "text_embedding"
+    assert not c.is_rolling and c.batch_size == 16 and c.pooling.normalize is True
+
+
+def _check_reranker(entry: str, c: ServingConfig) -> None:
+    assert entry == "djl_handlers.huggingface" and c.pooling.task == "rerank"
+    assert not c.is_rolling and c.batch_size == 16
+
+
 EXPECTED: dict[str, Callable[[str, ServingConfig], Any]] = {
+    "hf-embedding": _check_embedding,
+    "hf-reranker": _check_reranker,
     "hf-dynamic-batch": _check_dynamic_batching,
     "deepspeed": _check_deepspeed,
     "vllm": _check_vllm,

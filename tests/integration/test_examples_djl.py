@@ -95,6 +95,32 @@ def _vllm(server: DjlServer) -> None:
     _rolling(server)
 
 
+EMBED_TEXTS = ["A man is eating food.", "Deep learning is", "The weather in the mountains changes quickly"]
+
+
+def _embedding(server: DjlServer) -> None:
+    """MiniLM's vectors through DJL's front end equal sentence-transformers' encode()."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from djl_handlers.model.embedder import embedder_dir
+
+    many = np.asarray(_post(server, {"inputs": EMBED_TEXTS}).json())
+    one = np.asarray(_post(server, {"inputs": EMBED_TEXTS[0]}).json())
+    want = SentenceTransformer(str(embedder_dir()), device="cpu").encode(EMBED_TEXTS, normalize_embeddings=True)
+    assert many.shape == (3, 384) and one.shape == (384,)
+    assert float(((many * want).sum(1)).min()) >= 0.99999 and float(one @ want[0]) >= 0.99999
+    bad = httpx.post(server.url + "/invocations", json={"inputs": []}, timeout=60)
+    assert bad.status_code == 400 and "inputs" in bad.text
+
+
+def _reranker(server: DjlServer) -> None:
+    scores = _post(server, {"query": "what do people eat?", "texts": EMBED_TEXTS}).json()
+    assert len(scores) == 3 and all(len(s) == 1 and 0 < s[0] < 1 for s in scores)
+    pair = _post(server, {"text": "what do people eat?", "text_pair": EMBED_TEXTS[0]}).json()
+    assert abs(pair[0] - scores[0][0]) < 1e-5
+
+
 Check = Callable[[DjlServer], None]
 EXAMPLE_CHECKS: dict[str, Check] = {
     "hf-rolling-batch": _rolling,
@@ -105,6 +131,8 @@ EXAMPLE_CHECKS: dict[str, Check] = {
     "deepspeed": _rolling,
     "hf-lora": _rolling,  # no adapter registered: the base model answers (adapters: test_djl_lora.py)
     "vllm": _vllm,
+    "hf-embedding": _embedding,
+    "hf-reranker": _reranker,
 }
 
 
@@ -187,6 +215,22 @@ def test_example_in_async_mode_on_djl(djl_ready: None, tmp_path: Path, name: str
     with DjlServer(model_dir, python=python, startup_timeout=960 if name == "vllm" else 300) as server:
         try:
             _async_checks(server)
+        except BaseException:
+            print(server.log_tail(80))
+            raise
+
+
+def test_embedding_example_on_djl_036(djl_ready: None, tmp_path: Path) -> None:
+    """The embedding recipe on DJL Serving 0.36's front end (its newest release) too."""
+    from djl_server_fixture import djl_skip_reason as skip_reason
+
+    reason = skip_reason("0.36")
+    if reason:
+        pytest.skip(reason)
+    model_dir = shutil.copytree(EXAMPLES / "hf-embedding", tmp_path / "hf-embedding")
+    with DjlServer(model_dir, version="0.36", startup_timeout=300) as server:
+        try:
+            _embedding(server)
         except BaseException:
             print(server.log_tail(80))
             raise
