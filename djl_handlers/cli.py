@@ -167,7 +167,7 @@ def _preflight(settings: Any, warn: Callable[[str], Any], handler_module: str) -
         resolve_name(result.output_formatter, stream=False, config=True)  # the service checks it at init too
     for warning in result.warnings:
         warn(warning)
-    return {"warnings": result.warnings, "servingConfig": result.serving_config}
+    return {"warnings": result.warnings, "servingConfig": result.serving_config, "modelKind": result.model_kind}
 
 
 def _adapters(settings: Any) -> list[dict[str, Any]]:

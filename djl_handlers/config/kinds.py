@@ -22,8 +22,8 @@ from pathlib import Path
 from djl_handlers.config.reader import Reader
 from djl_handlers.errors import ConfigError
 
-__all__ = ["EMBEDDING", "GENERATION", "POOLING_MODES", "RERANK", "PoolingOptions", "detect_kind", "kind_of_task",
-           "read_pooling"]
+__all__ = ["EMBEDDING", "GENERATION", "POOLING_MODES", "RERANK", "PoolingOptions", "check_kind_engine", "detect_kind",
+           "kind_of_task", "read_pooling"]
 
 GENERATION = "generation"
 EMBEDDING = "embedding"
@@ -79,6 +79,15 @@ def detect_kind(task: str | None, model_id: str | None) -> str:
     if model_id and Path(model_id).expanduser().is_dir():
         return _config_kind(Path(model_id).expanduser())
     return GENERATION
+
+
+def check_kind_engine(kind: str, engine: str, task: str | None) -> None:
+    """An embedder or reranker is served by the HF engine only: a ``ConfigError`` naming the task
+    for any other serving engine (vLLM, TensorRT-LLM, DeepSpeed)."""
+    if kind != GENERATION and engine != "huggingface":
+        raise ConfigError(f"option.task={task or kind!r} ({kind}) is served by option.entryPoint="
+                          f"djl_handlers.huggingface; the {engine} engine serves text generation only here",
+                          field="option.task")
 
 
 @dataclass(frozen=True)

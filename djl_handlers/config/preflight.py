@@ -10,6 +10,8 @@
   is installed when it is used;
 * the tensor/pipeline-parallel degrees can split the model (its ``config.json``, when readable:
   ``config.parallel.check_model_split``);
+* the model kind (``config.kinds``: ``option.task``, else the model folder) and that the entry point
+  serves it;
 * warnings for every key that nothing reads (``known_keys.key_warnings``).
 
 Nothing here imports an ML library or converts the embedded model. That ``option.output_formatter``
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from djl_handlers.config.kinds import check_kind_engine, detect_kind
 from djl_handlers.config.known_keys import check_engine_value, key_warnings
 from djl_handlers.config.parallel import ModelShape, check_model_split
 from djl_handlers.errors import ConfigError
@@ -49,6 +52,7 @@ class Preflight:
     serving_config: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     output_formatter: str | None = None  # the configured formatter name, for the caller to check
+    model_kind: str | None = None  # config/kinds.py: generation, embedding or rerank
 
 
 def init_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -87,11 +91,17 @@ def _check_model_id(model_id: str | None, model_dir: str) -> None:
         raise ConfigError(f"option.model_id={model_id!r}: no such folder", field="option.model_id")
 
 
-def _model_shape(model_id: str, model_dir: str) -> ModelShape | None:
-    """The shape in the local model folder's ``config.json`` (``model_id``, else the model directory)."""
+def _model_folder(model_id: str, model_dir: str) -> str:
+    """The local model folder: ``model_id`` (relative to the model directory), else the model directory."""
     folder = Path(model_id).expanduser() if model_id else Path(model_dir)
     if model_id and not folder.is_absolute():
         folder = Path(model_dir) / folder
+    return str(folder)
+
+
+def _model_shape(model_id: str, model_dir: str) -> ModelShape | None:
+    """The shape in the local model folder's ``config.json`` (``model_id``, else the model directory)."""
+    folder = Path(_model_folder(model_id, model_dir))
     return ModelShape.from_folder(folder) if folder.is_dir() else None
 
 
@@ -109,6 +119,9 @@ def preflight(entry_point: str, model_dir: str, options: Mapping[str, str],
     config = ServingConfig.from_properties(props, server, engine)
     result.output_formatter = config.output_formatter or None
     _check_model_id(str(options.get("model_id") or "").strip(), model_dir)  # not the embedded folder: serve converts it
-    check_model_split(config.parallel, _model_shape(str(props.get("model_id") or "").strip(), model_dir))
+    model_id = str(props.get("model_id") or "").strip()
+    check_model_split(config.parallel, _model_shape(model_id, model_dir))
+    result.model_kind = detect_kind(config.pooling.task, _model_folder(model_id, model_dir))
+    check_kind_engine(result.model_kind, config.serving_engine, config.pooling.task)
     result.serving_config = dict(json.loads(json.dumps(dataclasses.asdict(config), default=str)))
     return result

@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Union
 
-from djl_handlers.config.kinds import EMBEDDING
-from djl_handlers.errors import ConfigError, DjlHandlersError, InvalidRequest, status_of
+from djl_handlers.config.kinds import EMBEDDING, check_kind_engine
+from djl_handlers.errors import DjlHandlersError, InvalidRequest, status_of
 from djl_handlers.extensions import API_PROPERTY, STATS_RECORD_KEY, STATUS_PROPERTY
 from djl_handlers.io.compat import new_output
 from djl_handlers.pooling.hf_engine import Encoded, HfPoolingEngine
@@ -201,10 +201,7 @@ def build_pooling_service(config: ServingConfig, kind: str, entry_point: str) ->
     entry point is a ``ConfigError`` naming the task)."""
     from pathlib import Path
 
-    if config.serving_engine != "huggingface":
-        raise ConfigError(f"option.task={config.pooling.task or kind!r} ({kind}) is served by "
-                          f"option.entryPoint=djl_handlers.huggingface; djl_handlers.{entry_point} serves text "
-                          "generation only", field="option.task")
+    check_kind_engine(kind, config.serving_engine, config.pooling.task)
     engine = HfPoolingEngine.from_config(config, kind)
     LOG.info("djl_handlers %s engine ready (%s model, %s)", entry_point, kind,
              "async mode" if config.async_mode else f"rolling_batch={config.resolved_rolling_batch()}")

@@ -146,3 +146,14 @@ def test_errors_in_each_dialect() -> None:
     exc = InvalidRequest("bad", field="input[1]")
     assert error_answer("embeddings", exc)["error"]["param"] == "input[1]"
     assert error_answer("lmi", exc)["field"] == "input[1]"
+
+
+def test_check_names_the_kind_and_refuses_an_engine_that_does_not_serve_it(tmp_path: Path) -> None:
+    from djl_handlers.config.preflight import preflight
+
+    folder = _folder(tmp_path, ["BertForSequenceClassification"])
+    assert preflight("djl_handlers.huggingface", folder, {"model_id": folder}, {}).model_kind == RERANK
+    with pytest.raises(ConfigError) as caught:
+        preflight("djl_handlers.vllm", folder, {"model_id": folder, "task": "text_embedding",
+                                                "rolling_batch": "vllm"}, {})
+    assert caught.value.field == "option.task" and "text_embedding" in caught.value.message
