@@ -87,3 +87,28 @@ def test_vllm_parsers_give_the_recorded_readings() -> None:
         return
     for case, result in zip(data["cases"], results, strict=True):
         assert case.get("vllm") == result, (case["parser"], case["text"])
+
+
+def test_every_parser_name_we_register_is_in_vllms_registries() -> None:
+    from djl_handlers.config.models import ServingConfig
+    from djl_handlers.engines.external.vllm_parsers import check_vllm_parsers
+    from djl_handlers.parsers.registry import REASONING_PARSERS, TOOL_PARSERS
+
+    for reasoning in REASONING_PARSERS:
+        for tools in TOOL_PARSERS:
+            config = ServingConfig.from_properties({"reasoning_parser": reasoning, "enable_auto_tool_choice": "true",
+                                                    "tool_call_parser": tools, "rolling_batch": "vllm"}, engine="vllm")
+            check_vllm_parsers(config)
+
+
+def test_a_name_vllm_lacks_fails_at_load_with_vllms_names() -> None:
+    from types import SimpleNamespace
+
+    from djl_handlers.engines.external.vllm_parsers import check_vllm_parsers
+    from djl_handlers.errors import ConfigError
+
+    config = SimpleNamespace(chat=SimpleNamespace(reasoning_parser=None, enable_auto_tool_choice=True,
+                                                  tool_call_parser="no_such_parser"))
+    with pytest.raises(ConfigError) as err:
+        check_vllm_parsers(config)
+    assert err.value.field == "option.tool_call_parser" and "hermes" in str(err.value)

@@ -13,6 +13,8 @@ from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.engines.external.common import resolve_model
 from djl_handlers.engines.external.vllm_parallel import parallel_kwargs
 
+from djl_handlers.engines.external.vllm_parsers import check_vllm_parsers
+
 LOG = logging.getLogger(__name__)
 
 LMI_DIST_NOTICE = "option.rolling_batch=lmi-dist is served by vLLM (lmi_dist is not installed)"
@@ -37,6 +39,7 @@ def engine_args_kwargs(config: Any) -> dict[str, Any]:
     if opts is not None:
         kwargs.update(_vllm_option_kwargs(opts))
     kwargs.update(lora_kwargs(config))
+    check_vllm_parsers(config)  # the reply parsers' names, in vLLM's own registries
     return kwargs
 
 
