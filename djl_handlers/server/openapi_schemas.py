@@ -51,9 +51,11 @@ def _lmi() -> dict[str, Any]:
 
 
 def _openai() -> dict[str, Any]:
-    usage = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT})
+    usage = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT},
+                 {"completion_tokens_details": _obj({}, {"reasoning_tokens": _INT})})  # with a reasoning parser
     envelope = {"id": _STR, "created": _INT, "model": _STR}
-    message = _obj({"role": _STR}, {"content": _null(_STR), "tool_calls": {"type": "array"}})
+    message = _obj({"role": _STR}, {"content": _null(_STR), "tool_calls": {"type": "array"},
+                                     "reasoning_content": _null(_STR), "reasoning": _null(_STR)})  # docs/chat.md
     chat_choice = _obj({"index": _INT, "message": message, "finish_reason": _null(_STR)}, {"logprobs": _null(_OBJ)})
     delta_choice = _obj({"index": _INT, "delta": _OBJ}, {"finish_reason": _null(_STR), "logprobs": _null(_OBJ)})
     text_choice = _obj({"index": _INT, "text": _STR}, {"finish_reason": _null(_STR), "logprobs": _null(_OBJ)})
