@@ -51,3 +51,29 @@ def test_a_stream_holds_back_a_tail_that_may_become_a_marker() -> None:
     stream = ReplyStream(None, tool_parser("hermes"), TOOLS)
     assert stream.feed("Sure <tool_", False).content == "Sure "
     assert stream.feed("Sure <tool_", True).content == "<tool_"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_whole_and_streamed() -> None:
+    import json
+
+    from djl_handlers.dialects.registry import get_formatter
+    from djl_handlers.params.generation import GenerationParameters
+    from djl_handlers.request.records import Request, RequestOutput, ResponseOptions, Token, ToolPlan
+
+    text = ('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>')
+    for parallel, count in ((True, 2), (False, 1)):
+        plan = ToolPlan(TOOLS, mode="auto", parallel=parallel, parser="hermes")
+        for stream in (False, True):
+            request = Request(prompt="p", params=GenerationParameters(), tools=plan,
+                              response_options=ResponseOptions("m"))
+            out = RequestOutput(request=request, prompt_tokens=3, finished=True, finish_reason="eos_token")
+            out.tokens = out.new_tokens = [Token(1, text, -0.1)]
+            body = get_formatter("chat_tools_sse" if stream else "chat_json", stream=stream)(out)
+            if stream:
+                ids = [c["id"] for line in body.split("\n\n") if line.startswith("data: {")
+                       for ch in json.loads(line[6:])["choices"] for c in ch["delta"].get("tool_calls", [])
+                       if "id" in c]
+            else:
+                ids = [c["id"] for c in json.loads(body)["choices"][0]["message"]["tool_calls"]]
+            assert len(ids) == count, (parallel, stream)

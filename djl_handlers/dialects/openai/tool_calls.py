@@ -5,8 +5,9 @@
 otherwise the reply is read by the plan's tool-call parser (:mod:`djl_handlers.parsers`: the
 model's own format under ``option.tool_call_parser`` for ``auto``, the built-in JSON reading for
 ``required`` and without the option), after the reasoning parser took the reasoning off
-(:mod:`.reply`). Each call gets an id ``call_<hex>`` and ``function.arguments`` as a JSON string,
-as OpenAI sends them; ``finish_reason`` is ``tool_calls``. The streamed form is
+(:mod:`.reply`); with ``parallel_tool_calls`` false only the first call counts. Each call gets
+an id ``call_<hex>`` and ``function.arguments`` as a JSON string, as OpenAI sends them;
+``finish_reason`` is ``tool_calls``. The streamed form is
 :mod:`djl_handlers.dialects.openai.tool_stream`.
 """
 
@@ -35,7 +36,7 @@ def tool_calls(out: RequestOutput) -> Optional[list[dict[str, Any]]]:
         args = parse_json(out.generated_text.strip())
         calls = [new_call(str(plan.function), args)] if isinstance(args, dict) else []
     else:
-        calls = [_call(c.name, c.arguments) for c in reply_of(out).calls]
+        calls = [_call(c.name, c.arguments) for c in reply_of(out).calls][: None if plan.parallel else 1]
     state.tool_calls = calls
     return calls or None
 

@@ -14,7 +14,8 @@ carry only ``index`` and an ``arguments`` fragment — the shape the ``openai`` 
 helpers and LangChain's chunk merging expect. Text that may still become a marker waits for the
 next step; the built-in JSON reading (no ``option.tool_call_parser``) knows a reply is a call only
 once it is complete, so it sends everything at the end. The last chunk's ``finish_reason`` is
-``tool_calls`` when a call was sent. One choice only (``n`` > 1 is refused for this stream).
+``tool_calls`` when a call was sent; with ``parallel_tool_calls`` false only the first call is
+sent. One choice only (``n`` > 1 is refused for this stream).
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ class ToolStreamFormatter(OpenAIStreamFormatter):
             events.append(chunk(shown))
         if delta.content:
             events.append(chunk({"content": delta.content}))
+        plan = out.request.tools
         for call in delta.calls:
+            if plan is not None and not plan.parallel and call.index > 0:
+                break  # parallel_tool_calls false: the first call only
             if call.name is not None:
                 first = {"index": call.index, "id": call_id(), "type": "function",
                          "function": {"name": call.name, "arguments": ""}}
