@@ -54,8 +54,8 @@ _TABLE: Mapping[str, str] = {
     "bad_sequences": "NNNNN",
     "decoder_input_details": "NNUNN",  # vLLM: its prompt_logprobs / logprobs (vllm_outputs.py)
     "top_n_tokens": "NNUNN",
-    "best_of": "NNUEE",  # several samples of a prompt: see params/samples.py; vLLM V1 has no best_of:
-    "n": "NNUNN",  # it decodes best_of samples (its n) and the scheduler keeps the best
+    "best_of": "NNEEE",  # several samples of a prompt: see params/samples.py; vLLM V1 (and our
+    "n": "NNNNN",  # TensorRT-LLM adapter) decode best_of samples as their n; the scheduler keeps the best
     "min_new_tokens": "NNNNN",
 }
 _STATUS = {"N": NATIVE, "E": EMULATED, "U": UNSUPPORTED}

@@ -194,7 +194,8 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
     ``tensorrt_llm``); top_k=0 and top_p=0 mean greedy to the runtime. ``min_tokens`` is
     ``min_new_tokens`` when given, else ``min_length``. ``end_id``/``pad_id`` are set by the
     engine adapter from the tokenizer. ``temperature: 0`` means greedy (``top_k=1``, ``top_p=0``,
-    no temperature), as for every other engine.
+    no temperature), as for every other engine. Several samples: ``n`` is every sample to decode
+    (``best_of`` left at its default, ``n``; the scheduler keeps the best) with ``logprobs`` ≥ 1.
     """
     kwargs: dict[str, Any] = {
         "max_tokens": p.max_new_tokens,
@@ -221,6 +222,9 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
         kwargs["logprobs"] = p.logprobs
     if p.prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = p.prompt_logprobs
+    if sample_count(p) > 1:  # every sample is a sequence; its log-probs rank them (params/samples.py)
+        kwargs["n"] = sample_count(p)
+        kwargs["logprobs"] = max(kwargs.get("logprobs") or 0, 1)
     for name in _TRT_OPTIONAL:
         if name in p.provided:
             kwargs[name] = getattr(p, name)

@@ -40,7 +40,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from djl_handlers.config.engines import DTYPE_NAMES
@@ -50,54 +50,30 @@ from djl_handlers.engines.external.common import (
     import_engine_library,
     resolve_model,
     tensor_parallel_size,
-    token_logprob,
+)
+from djl_handlers.engines.external.trtllm_outputs import (
+    Delta,
+    Samples,
+    Tracker,
+    map_finish_reason,
+    snapshot_outputs,
+    step_outputs,
+    trtllm_sample_seed,
 )
 from djl_handlers.errors import ConfigError, InvalidParameter, PromptTooLong, message_of
+
+__all__ = ["TrtLlmEngine", "llm_kwargs", "map_finish_reason"]
 
 LOG = logging.getLogger(__name__)
 
 
-
-@dataclass
-class _Delta:
-    """What one response added to a request."""
-
-    token_ids: list[int] = field(default_factory=list)
-    log_probs: list[Optional[float]] = field(default_factory=list)
-    text: str = ""
-    finish_reason: Optional[str] = None
-    error: Optional[str] = None
-
-
-@dataclass
-class _Tracker:
-    """Pump-side state of one request (touched only on the adapter's event loop)."""
-
-    max_tokens: int
-    holdback: int
-    end_id: int
-    tokenizer: Any = None
-    text_len: int = 0
-    token_count: int = 0
-
-
 @dataclass
 class _Request:
-    """Caller-side state of one request."""
+    """Caller-side state of one sample of a request (its ``result`` and ``samples`` are the request's)."""
 
     result: Any = None
     finished: bool = False
-
-
-def map_finish_reason(reason: Optional[str], stop_reason: Any, generated: int, max_tokens: int) -> Optional[str]:
-    """TensorRT-LLM's finish reason → LMI's (``error`` for cancelled/timeout)."""
-    if reason is None:
-        return "eos_token" if generated < max_tokens else "length"
-    if reason == "length":
-        return "length"
-    if reason == "stop":
-        return "stop_sequence" if isinstance(stop_reason, str) else "eos_token"
-    return "error"
+    samples: Optional[Samples] = None
 
 
 def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
@@ -153,6 +129,7 @@ class TrtLlmEngine:
     """The Engine protocol over ``tensorrt_llm.LLM`` (see the module docstring)."""
 
     name = "tensorrt_llm"
+    sample_seed = staticmethod(trtllm_sample_seed)  # every sample (n > 1) draws from the request's seed
 
     def __init__(
         self, llm: Any, *, max_model_len: int, poll_timeout_s: float = 0.05, submit_timeout_s: float = 60.0
@@ -165,9 +142,10 @@ class TrtLlmEngine:
         self.eos_token_ids = frozenset([eos]) if isinstance(eos, int) else frozenset(eos or ())
         self.poll_timeout_s = poll_timeout_s
         self.submit_timeout_s = submit_timeout_s
-        self._ready: queue.Queue[tuple[int, _Delta]] = queue.Queue()
-        self._requests: dict[int, _Request] = {}
+        self._ready: queue.Queue[tuple[int, Delta]] = queue.Queue()
+        self._requests: dict[int, _Request] = {}  # by sample id (a request's first sample: its own id)
         self._results: dict[int, Any] = {}  # async mode: request id -> its RequestOutput
+        self._async_samples: dict[int, Samples] = {}  # async mode: sample id -> its request's samples
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # sync mode's adapter loop, started on first use
         self._thread: Optional[threading.Thread] = None
@@ -193,22 +171,25 @@ class TrtLlmEngine:
     # -- Engine protocol ---------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
         """Submit ``request`` to the LLM API; bad parameters raise ``InvalidParameter``."""
-        sampling, tracker = self._sampling_params(request)
+        sampling, samples = self._sampling_params(request)
         inputs: Any = list(request.prompt_ids) if request.prompt_ids else request.prompt
-        rid = request.request_id
-        state = _Request()
-        self._requests[rid] = state
+        states = {sid: _Request(samples=samples) for sid in samples.ids}
+        self._requests.update(states)
         lora = self._lora(request.adapter) if request.adapter else None
-        future = asyncio.run_coroutine_threadsafe(self._submit(rid, inputs, sampling, tracker, lora),
+        future = asyncio.run_coroutine_threadsafe(self._submit(inputs, sampling, samples, lora),
                                                   self._adapter_loop())
         try:
-            state.result = future.result(timeout=self.submit_timeout_s)
+            result = future.result(timeout=self.submit_timeout_s)
         except ValueError as exc:
-            self._requests.pop(rid, None)
+            for sid in states:
+                self._requests.pop(sid, None)
             raise PromptTooLong(f"TensorRT-LLM rejected the prompt: {exc}", field="inputs") from exc
         except BaseException:
-            self._requests.pop(rid, None)
+            for sid in states:
+                self._requests.pop(sid, None)
             raise
+        for state in states.values():
+            state.result = result
 
     def step(self) -> list[StepOutput]:
         """Every delta that is ready, waiting up to ``poll_timeout_s`` for the first one."""
@@ -225,18 +206,25 @@ class TrtLlmEngine:
                 continue  # released already, or a late response after the final one
             if delta.finish_reason is not None or delta.error is not None:
                 state.finished = True
-            outputs.extend(_step_outputs(rid, delta))
+            outputs.extend(step_outputs(rid, delta))
 
     def release(self, request_id: int) -> None:
-        """Forget the request; abort it in TensorRT-LLM when it is still running."""
+        """Forget the sample (a request's only one: the request); abort the request in TensorRT-LLM
+        once every sample of it finished or was let go while it still runs."""
+        async_samples = self._async_samples.get(request_id)
+        if async_samples is not None:
+            async_samples.release(request_id)
         state = self._requests.pop(request_id, None)
-        if state is not None and not state.finished and state.result is not None:
+        if state is None or state.samples is None:
+            return
+        if (state.samples.release(request_id) and state.result is not None and not state.result.finished
+                and not all(i in state.samples.finished for i in range(len(state.samples.ids)))):
             self._adapter_loop().call_soon_threadsafe(state.result.abort)
 
     # -- async mode (AsyncEngine protocol) ---------------------------------------------------------
     async def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
         """Run ``request`` on the caller's event loop; yields its new step outputs per response."""
-        sampling, tracker = self._sampling_params(request)
+        sampling, samples = self._sampling_params(request)
         inputs: Any = list(request.prompt_ids) if request.prompt_ids else request.prompt
         extra = {"lora_request": self._lora(request.adapter)} if request.adapter else {}
         rid = request.request_id
@@ -245,14 +233,14 @@ class TrtLlmEngine:
         except ValueError as exc:
             raise PromptTooLong(f"TensorRT-LLM rejected the prompt: {exc}", field="inputs") from exc
         self._results[rid] = result
+        self._async_samples.update((sid, samples) for sid in samples.ids)
         done = False
         try:
             async for snapshot in result:
-                delta = _delta(tracker, snapshot.outputs[0], bool(snapshot.finished))
-                if delta is None:
-                    continue
-                done = delta.finish_reason is not None or delta.error is not None
-                yield _step_outputs(rid, delta)
+                outs = [o for sid, delta in snapshot_outputs(samples, snapshot) for o in step_outputs(sid, delta)]
+                done = not samples.live
+                if outs:
+                    yield outs
                 if done:
                     return
         except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on (as in sync mode)
@@ -260,6 +248,8 @@ class TrtLlmEngine:
             yield [StepOutput(rid, error=f"TensorRT-LLM request failed: {message_of(exc)}")]
         finally:
             self._results.pop(rid, None)
+            for sid in samples.ids:
+                self._async_samples.pop(sid, None)
             if not done and not result.finished:
                 result.abort()
 
@@ -310,7 +300,7 @@ class TrtLlmEngine:
         return self._loop
 
     # -- internals ---------------------------------------------------------------------------------
-    def _sampling_params(self, request: EngineRequest) -> tuple[Any, _Tracker]:
+    def _sampling_params(self, request: EngineRequest) -> tuple[Any, Samples]:
         trt = import_engine_library("tensorrt_llm", self.name)
         from djl_handlers.params.translate import to_trtllm
 
@@ -329,74 +319,22 @@ class TrtLlmEngine:
         stops = [] if sampling.include_stop_str_in_output else _as_list(sampling.stop)
         holdback = max((len(s) for s in stops), default=1) - 1
         end_id = sampling.end_id if sampling.end_id is not None else -1
-        tracker = _Tracker(int(sampling.max_tokens), holdback, end_id, self.tokenizer)
-        return sampling, tracker
+        max_tokens = int(sampling.max_tokens)
+        return sampling, Samples.for_request(request, lambda: Tracker(max_tokens, holdback, end_id, self.tokenizer))
 
-    async def _submit(self, rid: int, inputs: Any, sampling: Any, tracker: _Tracker, lora: Any = None) -> Any:
+    async def _submit(self, inputs: Any, sampling: Any, samples: Samples, lora: Any = None) -> Any:
         extra = {"lora_request": lora} if lora is not None else {}
         result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
-        self._adapter_loop().create_task(self._pump(rid, result, tracker))
+        self._adapter_loop().create_task(self._pump(result, samples))
         return result
 
-    async def _pump(self, rid: int, result: Any, tracker: _Tracker) -> None:
+    async def _pump(self, result: Any, samples: Samples) -> None:
         try:
             async for snapshot in result:
-                delta = _delta(tracker, snapshot.outputs[0], bool(snapshot.finished))
-                if delta is not None:
-                    self._ready.put((rid, delta))
+                for sid, delta in snapshot_outputs(samples, snapshot):
+                    self._ready.put((sid, delta))
         except Exception as exc:  # noqa: BLE001 - the request fails, the engine goes on
-            self._ready.put((rid, _Delta(error=f"TensorRT-LLM request failed: {message_of(exc)}")))
-
-
-def _delta(tracker: _Tracker, comp: Any, finished: bool) -> Optional[_Delta]:
-    """The part of ``comp`` (a cumulative CompletionOutput) not reported yet, or None."""
-    ids = list(comp.token_ids or [])
-    new_ids = ids[tracker.token_count :]
-    entries = comp.logprobs or []
-    start = tracker.token_count
-    log_probs = [
-        token_logprob(entries[start + i], t) if len(entries) > start + i else None for i, t in enumerate(new_ids)
-    ]
-    tracker.token_count = max(tracker.token_count, len(ids))
-    text = comp.text or ""
-    visible = text if finished else text[: max(0, len(text) - tracker.holdback)]
-    delta_text = visible[tracker.text_len :] if len(visible) > tracker.text_len else ""
-    tracker.text_len = max(tracker.text_len, len(visible))
-    reason = None
-    if finished or comp.finish_reason is not None:
-        reason = map_finish_reason(comp.finish_reason, comp.stop_reason, tracker.token_count, tracker.max_tokens)
-    if reason == "error":
-        return _Delta(error=f"TensorRT-LLM ended the request (finish_reason={comp.finish_reason!r})")
-    if reason is not None and reason != "length" and not new_ids:
-        new_ids, log_probs = [_completing_token(tracker, comp.stop_reason)], [None]
-    if not new_ids and not delta_text and reason is None:
-        return None
-    return _Delta(new_ids, log_probs, delta_text, reason)
-
-
-def _completing_token(tracker: _Tracker, stop_reason: Any) -> int:
-    """The token that ended a request whose final response carries no new token: the end id, the
-    stop token id, or the last token of the (trimmed) stop word, which TensorRT-LLM matched on
-    ``tokenizer.encode(stop)``."""
-    if isinstance(stop_reason, int):
-        return stop_reason
-    if isinstance(stop_reason, str) and tracker.tokenizer is not None:
-        ids = tracker.tokenizer.encode(stop_reason, add_special_tokens=False)
-        if ids:
-            return int(ids[-1])
-    return tracker.end_id
-
-
-def _step_outputs(rid: int, delta: _Delta) -> list[StepOutput]:
-    if delta.error is not None:
-        return [StepOutput(rid, error=delta.error)]
-    ids = delta.token_ids or [-1]
-    log_probs = delta.log_probs or [None]
-    outs = [StepOutput(rid, token_id=t, log_prob=lp, text="") for t, lp in zip(ids[:-1], log_probs, strict=False)]
-    outs.append(
-        StepOutput(rid, token_id=ids[-1], log_prob=log_probs[-1], text=delta.text, finish_reason=delta.finish_reason)
-    )
-    return outs
+            self._ready.put((samples.ids[0], Delta(error=f"TensorRT-LLM request failed: {message_of(exc)}")))
 
 
 def _guided_params(trt: Any, guided: dict[str, Any]) -> Any:

@@ -3,8 +3,11 @@ the streaming ``GenerationResult`` that ``LLM.generate_async`` returns.
 
 As in the real class, the result is created with an async queue only when an event loop is
 running in the creating thread (``has_event_loop()``); ``async for`` over a result created
-without one fails. Each response from the executor updates ``outputs[0]`` in place: token ids
-are extended, the text is re-decoded, and on the final response ``finish_reason`` is set
+without one fails. Each response from the executor updates the output of its
+``sequence_index`` in place (``best_of`` outputs; ``outputs`` shows the first ``n``, or with
+``best_of`` > ``n`` the ``n`` of highest cumulative log-prob, re-indexed, as the real property does):
+token ids are extended, the text is re-decoded, and on the request's final response (only there, as
+in the real class) that sequence's ``finish_reason`` is set
 ("stop" | "length" | "cancelled"); a stop-word finish sets ``stop_reason`` and trims the stop
 word's tokens (unless ``include_stop_str_in_output``). ``abort()`` asks the executor to cancel;
 the executor then sends a final "cancelled" response.
@@ -65,7 +68,8 @@ class Response:
 
     new_token_ids: list[int]
     new_logprobs: list[float]
-    is_final: bool = False
+    is_final: bool = False  # the request's last response (every sequence finished)
+    sequence_index: int = 0
     finish: Optional[str] = None  # "end_id" | "stop_words" | "length" | "cancelled"
     error: Optional[str] = None
 
@@ -92,7 +96,7 @@ class GenerationResult:
         self._abort_fn = abort_fn
         self._aborted = False
         self._done = False
-        self._outputs = [CompletionOutput(0)]
+        self._outputs = [CompletionOutput(i) for i in range(sampling_params.best_of or sampling_params.n)]
         self.queue: queue.Queue[Response] = queue.Queue()
         try:
             self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
@@ -115,7 +119,14 @@ class GenerationResult:
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        return self._outputs[: self.sampling_params.n]
+        params = self.sampling_params
+        if params.use_beam_search or params.n == (params.best_of or params.n):
+            return self._outputs[: params.n]
+        ranked = sorted(self._outputs, key=lambda o: o.cumulative_logprob if o.cumulative_logprob is not None
+                        else float("-inf"), reverse=True)
+        for i, out in enumerate(ranked):
+            out.index = i
+        return ranked[: params.n]
 
     @property
     def finished(self) -> bool:
@@ -174,7 +185,7 @@ class GenerationResult:
     def _handle_response(self, response: Response) -> None:
         if response.error is not None:
             raise RuntimeError(response.error)
-        out = self._outputs[0]
+        out = self._outputs[response.sequence_index]
         out._last_text_len = len(out.text)
         out._last_token_ids_len = len(out.token_ids or [])
         assert out.token_ids is not None

@@ -49,19 +49,34 @@ class RequestOutput(GenerationResult):
     """The output data of a completion request to the LLM (``tensorrt_llm.llmapi.RequestOutput``)."""
 
 
-class _Active:
-    """Executor-side state of one request."""
+class _Sequence:
+    """Executor-side state of one sequence of a request (``best_of`` of them, sampling)."""
 
-    __slots__ = ("result", "params", "last", "tokens", "sent", "rng")
+    __slots__ = ("index", "last", "tokens", "sent", "rng", "done")
 
-    def __init__(self, result: RequestOutput, params: SamplingParams, last: int) -> None:
-        self.result, self.params, self.last = result, params, last
+    def __init__(self, index: int, last: int, rng: Optional[random.Random]) -> None:
+        self.index, self.last, self.rng = index, last, rng
         self.tokens: list[int] = []
         self.sent = 0
+        self.done = False
+
+
+class _Active:
+    """Executor-side state of one request: its sequences."""
+
+    __slots__ = ("result", "params", "seqs")
+
+    def __init__(self, result: RequestOutput, params: SamplingParams, last: int) -> None:
+        self.result, self.params = result, params
         # The toy samples unless top_k is 0/1 and top_p is 0 (the runtime's greedy switch); it
-        # looks at no other field.
+        # looks at no other field. Sequence 0 draws from the request's seed, sequence i from its own
+        # stream of it (the runtime's per-sequence streams).
         greedy = (params.top_k or 0) <= 1 and not (params.top_p or 0.0)
-        self.rng = None if greedy else random.Random(params.seed)
+        count = params.best_of or params.n
+        self.seqs = [
+            _Sequence(i, last, None if greedy else random.Random(params.seed if i == 0 else f"{params.seed}/{i}"))
+            for i in range(count)
+        ]
 
 
 class LLM:
@@ -181,27 +196,39 @@ class LLM:
             time.sleep(self.iteration_s)
 
     def _iterate(self, act: _Active) -> bool:
-        """One in-flight-batching iteration for one request; returns True when it finished."""
+        """One in-flight-batching iteration for one request (a token for each of its unfinished
+        sequences); returns True when every sequence finished. A sequence's response is final only
+        when it is the request's last."""
+        finishes = {seq.index: self._advance(act, seq) for seq in act.seqs if not seq.done}
+        done = all(seq.done for seq in act.seqs)
+        if done and not act.result._streaming:  # one response per sequence at the end, the last final
+            for seq in act.seqs:
+                self._send(act, seq, is_final=seq is act.seqs[-1], finish=finishes.get(seq.index))
+        return done
+
+    def _advance(self, act: _Active, seq: _Sequence) -> Optional[str]:
         params = act.params
-        tok = next_token(act.last, act.rng)
-        act.last = tok
-        past_min = len(act.tokens) + 1 >= (params.min_tokens or 1)
-        if tok == params.end_id and not params.ignore_eos and past_min:
-            self._send(act, is_final=True, finish="end_id")
-            return True
-        act.tokens.append(tok)
+        tok = next_token(seq.last, seq.rng)
+        seq.last = tok
+        past_min = len(seq.tokens) + 1 >= (params.min_tokens or 1)
         finish = None
-        words = params._get_stop_reasons_and_words()
-        if past_min and any(ids and act.tokens[-len(ids) :] == ids for _, ids in words):
-            finish = "stop_words"
-        elif len(act.tokens) >= params.max_tokens:
-            finish = "length"
-        if act.result._streaming or finish is not None:
-            self._send(act, is_final=finish is not None, finish=finish)
-        return finish is not None
+        if tok == params.end_id and not params.ignore_eos and past_min:
+            finish = "end_id"
+        else:
+            seq.tokens.append(tok)
+            words = params._get_stop_reasons_and_words()
+            if past_min and any(ids and seq.tokens[-len(ids) :] == ids for _, ids in words):
+                finish = "stop_words"
+            elif len(seq.tokens) >= params.max_tokens:
+                finish = "length"
+        seq.done = finish is not None
+        if act.result._streaming:
+            self._send(act, seq, is_final=all(s.done for s in act.seqs), finish=finish)
+        return finish
 
     @staticmethod
-    def _send(act: _Active, is_final: bool, finish: Optional[str]) -> None:
-        new = act.tokens[act.sent :]
-        act.sent = len(act.tokens)
-        act.result._deliver(Response(new, [token_logprob(t) for t in new], is_final=is_final, finish=finish))
+    def _send(act: _Active, seq: _Sequence, is_final: bool, finish: Optional[str]) -> None:
+        new = seq.tokens[seq.sent :]
+        seq.sent = len(seq.tokens)
+        act.result._deliver(Response(new, [token_logprob(t) for t in new], is_final=is_final, finish=finish,
+                                     sequence_index=seq.index))
