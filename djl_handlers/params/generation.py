@@ -67,7 +67,7 @@ class GenerationParameters:
     frequency_penalty: float = 0.0
     num_beams: int = 1
     length_penalty: float = 1.0
-    early_stopping: bool = False
+    early_stopping: bool | str = False  # True, False or "never" (transformers' beam-search rule)
     stop_token_ids: tuple[int, ...] = ()
     include_stop_str_in_output: bool = False
     logprobs: Optional[int] = None
@@ -178,6 +178,13 @@ def _boolean(name: str, value: Any, ctx: _Context) -> bool:
     return value
 
 
+def _early_stopping(name: str, value: Any, ctx: _Context) -> bool | str:
+    """Beam search's stopping rule: true, false or "never" (as transformers' ``generate``)."""
+    if value == "never" or isinstance(value, bool):
+        return value
+    raise _bad(name, 'true, false or "never"', value)
+
+
 def _integer(name: str, value: Any, ctx: _Context, *, low: int, high: int | None = None) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok or value < low or (high is not None and value > high):
@@ -261,7 +268,7 @@ SPECS: dict[str, Validator] = {
     "frequency_penalty": partial(_number, low=-2.0, high=2.0),
     "num_beams": partial(_integer, low=1),
     "length_penalty": _number,
-    "early_stopping": _boolean,
+    "early_stopping": _early_stopping,
     "stop_token_ids": _token_ids,
     "include_stop_str_in_output": _boolean,
     "logprobs": partial(_integer, low=0, high=MAX_LOGPROBS),

@@ -10,7 +10,8 @@ the seed of each, and the rules every engine that decodes them applies. Pure; no
   ``i`` with a seed derived from it (a SplitMix64 step over ``seed + i``): a seeded request gives the
   same set of samples every time, and no two samples share a random stream.
 - ``check_samples``: greedy decoding with more than one sample is refused (400), as vLLM and TGI do:
-  argmax decoding would return the same sequence ``n`` times at ``n`` times the cost. The caller
+  argmax decoding would return the same sequence ``n`` times at ``n`` times the cost; beam search
+  (``num_beams`` >= the count) returns its best hypotheses instead. The caller
   passes the request's greedy/sampling decision (``translate.is_sampling``, the one rule), so this
   module stays below the translations (``to_vllm`` reads ``sample_count``).
 """
@@ -58,9 +59,10 @@ def sample_seed(seed: int | None, index: int) -> int | None:
 
 def check_samples(p: GenerationParameters, sampling: bool) -> None:
     """``InvalidParameter`` when more than one sample is asked for without ``sampling``
-    (``is_sampling(p)``: greedy decoding)."""
+    (``is_sampling(p)``: greedy decoding), unless they are the best hypotheses of a beam search
+    (``num_beams`` at least as many)."""
     count = sample_count(p)
-    if count > 1 and not sampling:
+    if count > 1 and not sampling and count > p.num_beams:
         name = sample_field(p)
         raise InvalidParameter(
             f"parameters.{name} must be 1 when decoding greedily, got {count}: greedy decoding gives the "

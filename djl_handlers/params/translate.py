@@ -60,6 +60,8 @@ def to_hf(p: GenerationParameters) -> dict[str, Any]:
     }
     if min_tokens(p) > 0:
         kwargs["min_new_tokens"] = min_tokens(p)
+    if p.num_beams > 1:  # beam search (the engine's beam rows: engines/hf/beam_rows.py)
+        kwargs.update(num_beams=p.num_beams, length_penalty=p.length_penalty, early_stopping=p.early_stopping)
     if kwargs["do_sample"]:
         kwargs["temperature"] = p.temperature
         kwargs["top_k"] = max(p.top_k, 0)

@@ -220,3 +220,40 @@ def test_real_model_beams_equal_generate(real_model: Any) -> None:
         new = out[0, len(req.prompt_ids):].tolist()
         cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         assert tokens(got[req.request_id]) == new[:cut]
+
+
+def test_n_best_hypotheses_under_the_sample_ids_equal_generate(tiny_model: Any, eos_token: list[int]) -> None:
+    model, tok = tiny_model
+    engine = HFEngine(model, tok)
+    engine.eos_token_ids = frozenset(eos_token)
+    ids = tok.encode(PROMPTS[1])
+    params = GenerationParameters(num_beams=4, n=3, max_new_tokens=10, length_penalty=2.0, early_stopping="never")
+    req = EngineRequest(1, ids, params, sample_ids=(7, 8))
+    neighbour = EngineRequest(2, tok.encode(PROMPTS[0]), GenerationParameters(max_new_tokens=5))
+    got: dict[int, list[StepOutput]] = {1: [], 7: [], 8: [], 2: []}
+    engine.add_request(req)
+    engine.add_request(neighbour)
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id].append(out)
+            if out.finish_reason or len(got[out.request_id]) == 5 and out.request_id == 2:
+                engine.release(out.request_id)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False, num_beams=4,
+                             num_return_sequences=3, length_penalty=2.0, early_stopping="never",
+                             eos_token_id=eos_token, pad_token_id=0)
+    want = []
+    for row in out[:, len(ids):].tolist():
+        want.append(row[: next((i + 1 for i, t in enumerate(row) if t in eos_token), len(row))])
+    assert [tokens(got[rid]) for rid in (1, 7, 8)] == want
+    assert len({tuple(w) for w in want}) == 3
+    assert engine.kv_shape == (0, 0)
+
+
+def test_more_sequences_than_beams_is_refused(tiny_model: Any) -> None:
+    model, tok = tiny_model
+    engine = HFEngine(model, tok)
+    with pytest.raises(InvalidParameter) as err:
+        engine.add_request(EngineRequest(1, tok.encode("hi"), GenerationParameters(num_beams=2, n=3),
+                                         sample_ids=(2, 3)))
+    assert err.value.field == "n"

@@ -270,10 +270,23 @@ def test_engine_unsupported_key_lenient(caplog: pytest.LogCaptureFixture) -> Non
 
 
 def test_unsupported_key_with_default_value_is_accepted() -> None:
-    p = gp({"num_beams": 1, "presence_penalty": 0.0, "n": 1}, "huggingface")
+    p = gp({"num_beams": 1, "presence_penalty": 0.0, "n": 1}, "vllm")
     assert p.ignored == () and p.num_beams == 1
     with pytest.raises(InvalidParameter, match="num_beams is not supported"):
-        gp({"num_beams": True}, "huggingface")
+        gp({"num_beams": True}, "vllm")
+
+
+@pytest.mark.parametrize("value", [True, False, "never"])
+def test_early_stopping_is_a_boolean_or_never(value: Any) -> None:
+    assert gp({"num_beams": 2, "early_stopping": value}, "huggingface").early_stopping == value
+
+
+@pytest.mark.parametrize(("body", "field"), [({"num_beams": 0}, "num_beams"), ({"early_stopping": "soon"},
+                                                                                "early_stopping")])
+def test_bad_beam_values_name_the_field(body: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidParameter) as err:
+        gp(body, "huggingface")
+    assert err.value.field == field
 
 
 def test_invalid_value_for_supported_key_raises_even_when_lenient() -> None:

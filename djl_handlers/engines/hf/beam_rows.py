@@ -14,15 +14,19 @@ change) as they grow, and when the search ends the rest of its best hypothesis, 
 ``finish_reason`` (``eos_token`` when it ends with one, else ``length``); its rows then leave the
 batch. Each token's ``log_prob`` is the model's (before processors), as for every other row.
 
+With ``n`` (or ``best_of``) > 1, up to ``num_beams``, the request's sample ids each report one
+hypothesis, the best under the request's own id: the settled tokens under every id (every hypothesis
+starts with them), then each the rest of its own.
+
 What a beam request may not combine (a 400 from :func:`check_beams`): sampling (``do_sample``: vLLM's
-beam search is greedy only), ``n``/``best_of`` > 1 on this engine, ``top_n_tokens``, structured
+beam search is greedy only), more ``n``/``best_of`` than beams, ``top_n_tokens``, structured
 output, more beams than ``option.max_rolling_batch_size`` rows, speculative decoding and decode
 graphs (both keep per-row state that a beam's KV copy would bypass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +39,7 @@ from djl_handlers.errors import InvalidParameter
 from djl_handlers.params.samples import sample_count
 from djl_handlers.params.translate import is_sampling
 
-__all__ = ["PromptLps", "advance_beams", "beam_search_for", "check_beams", "fork_beams"]
+__all__ = ["PromptLps", "advance_beams", "beam_search_for", "check_beams", "fork_beams", "release_beam"]
 
 PromptLps = list[list[float | None] | None] | None
 
@@ -48,8 +52,8 @@ def check_beams(params: Any, max_batch_size: int, *, speculation: bool = False, 
     refusals = (
         (is_sampling(params), "do_sample",
          "beam search is greedy here (as in vLLM); set do_sample=false (or temperature 0)"),
-        (sample_count(params) > 1, "best_of" if params.best_of is not None else "n",
-         "it returns the best beam; n/best_of samples cannot be combined with num_beams"),
+        (sample_count(params) > beams, "best_of" if params.best_of is not None else "n",
+         f"beam search returns at most num_beams ({beams}) sequences"),
         (params.top_n_tokens > 0, "top_n_tokens", "top tokens are not reported for beams"),
         (params.structured_output is not None, "num_beams", "structured output cannot be combined with beams"),
         (params.presence_penalty != 0.0, "presence_penalty", "the beams' scores take the repetition penalty only"),
@@ -70,16 +74,25 @@ def check_beams(params: Any, max_batch_size: int, *, speculation: bool = False, 
 
 
 def beam_search_for(
-    params: Any, prompt_len: int, max_model_len: int, eos_token_ids: Collection[int]
+    settings: Mapping[str, Any], prompt_len: int, max_model_len: int, eos_token_ids: Collection[int],
+    ids: Sequence[int] = (),
 ) -> BeamSearch | None:
-    """The request's beam search (None for ``num_beams`` 1): its limit is ``max_new_tokens`` within
-    the context; ``ignore_eos_token`` leaves no eos to end a hypothesis."""
-    if int(params.num_beams) <= 1:
+    """The request's beam search from its ``to_hf`` ``settings`` (None for ``num_beams`` 1): its limit is
+    ``max_new_tokens`` within the context; pass no ``eos_token_ids`` for ``ignore_eos_token`` (no eos
+    ends a hypothesis then). ``ids``: the request id, then its sample ids (``n`` > 1: the i-th best
+    hypothesis is reported under ``ids[i]``)."""
+    beams = int(settings.get("num_beams", 1))
+    if beams <= 1:
         return None
-    limit = max(1, min(int(params.max_new_tokens), max_model_len - prompt_len))
-    eos = () if params.ignore_eos_token else eos_token_ids
-    return BeamSearch(int(params.num_beams), limit, eos, length_penalty=float(params.length_penalty),
-                      early_stopping=params.early_stopping)
+    limit = max(1, min(int(settings["max_new_tokens"]), max_model_len - prompt_len))
+    return BeamSearch(beams, limit, eos_token_ids, length_penalty=float(settings.get("length_penalty", 1.0)),
+                      early_stopping=settings.get("early_stopping", False), ids=ids)
+
+
+def release_beam(search: BeamSearch, request_id: int) -> bool:
+    """One of the request's sequences was released; True once none is left (its rows may go)."""
+    search.live.discard(request_id)
+    return not search.live
 
 
 def fork_beams(row: Row) -> list[Row]:
@@ -117,13 +130,13 @@ def _advance_one(logits: torch.Tensor, beams: list[Row], index: list[int], batch
                  prompt_lp: list[float | None] | None) -> list[StepOutput]:
     search = beams[0].beam
     assert search is not None
-    rid = beams[0].request.request_id
     idx = torch.tensor(index, dtype=torch.long, device=logits.device)
     raw = torch.log_softmax(logits[idx].float(), dim=-1).cpu()
     if not bool(torch.isfinite(raw).any(dim=-1).all()) or bool(torch.isnan(raw).any()):
         for row in beams:
             row.done = True
-        return [StepOutput(rid, error="the model produced non-finite logits for this request")]
+        return [StepOutput(rid, error="the model produced non-finite logits for this request")
+                for rid in search.ids if rid in search.live]
     search.step(_processed(raw, beams), raw)
     parents = search.parents
     if parents != list(range(len(beams))):
@@ -135,7 +148,7 @@ def _advance_one(logits: torch.Tensor, beams: list[Row], index: list[int], batch
     for row, slot, token in zip(beams, index, search.tokens, strict=True):
         pending[slot] = token
         row.sampling.observe(token)
-    return _report(search, rid, beams, prompt_lp)
+    return _report(search, beams, prompt_lp)
 
 
 def _processed(raw: torch.Tensor, beams: list[Row]) -> torch.Tensor:
@@ -155,26 +168,28 @@ def _processed(raw: torch.Tensor, beams: list[Row]) -> torch.Tensor:
     return x
 
 
-def _report(search: BeamSearch, rid: int, beams: list[Row], prompt_lp: list[float | None] | None) -> list[StepOutput]:
-    """The request's outputs of this step: newly settled tokens, or (search over) the rest of the best."""
+def _report(search: BeamSearch, beams: list[Row], prompt_lp: list[float | None] | None) -> list[StepOutput]:
+    """The request's outputs of this step, under each of its ids: newly settled tokens (shared by every
+    hypothesis), or (search over) the rest of the i-th best hypothesis under ``ids[i]``."""
     if search.prompt_lps is None and prompt_lp is not None:
         search.prompt_lps = prompt_lp
+    settled = search.settled()
     if search.done:
-        best = search.best(1)[0]
-        tokens, lps = best.tokens, best.log_probs
         for row in beams:
             row.done = True
+        ends = [(h.tokens, h.log_probs) for h in search.best(len(search.ids))]
     else:
-        tokens = search.settled()
-        lps = search.running[0][1]
+        ends = [(settled, search.running[0][1])] * len(search.ids)
     outputs = []
-    for j in range(search.emitted, len(tokens)):
-        first = search.emitted == 0 and j == 0
-        outputs.append(StepOutput(rid, token_id=tokens[j], log_prob=lps[j],
-                                  prompt_logprobs=search.prompt_lps if first else None))
-    search.emitted = len(tokens)
-    if search.done and outputs:
-        last = outputs[-1]
-        reason = "eos_token" if last.token_id in search.eos else "length"
-        outputs[-1] = replace(last, finish_reason=reason)
+    for rid, (tokens, lps) in zip(search.ids, ends, strict=True):
+        if rid not in search.live:
+            continue
+        mine = [StepOutput(rid, token_id=tokens[j], log_prob=lps[j],
+                           prompt_logprobs=search.prompt_lps if j == 0 else None)
+                for j in range(search.emitted, len(tokens))]
+        if search.done and mine:
+            reason = "eos_token" if mine[-1].token_id in search.eos else "length"
+            mine[-1] = replace(mine[-1], finish_reason=reason)
+        outputs += mine
+    search.emitted = len(settled)
     return outputs

@@ -31,7 +31,7 @@ the KV rows are the engine's (:mod:`djl_handlers.engines.hf.beam_rows`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +62,7 @@ class BeamSearch:
         *,
         length_penalty: float = 1.0,
         early_stopping: bool | str = False,
+        ids: Sequence[int] = (),
     ) -> None:
         if num_beams < 1 or limit < 1:
             raise ValueError("num_beams and the token limit must be positive")
@@ -83,6 +84,8 @@ class BeamSearch:
         self.done = False
         self.emitted = 0  # settled tokens already reported
         self.prompt_lps: list[float | None] | None = None  # decoder_input_details: sent with the first token
+        self.ids = list(ids)  # the engine's ids of the sequences returned (the best first, then the next best)
+        self.live = set(self.ids)  # those not released yet
 
     @property
     def generated(self) -> int:

@@ -67,7 +67,13 @@ from djl_handlers.engines.hf.batch import (
     new_slab_cache,
     uses_plain_layers,
 )
-from djl_handlers.engines.hf.beam_rows import PromptLps, advance_beams, beam_search_for, check_beams
+from djl_handlers.engines.hf.beam_rows import (
+    PromptLps,
+    advance_beams,
+    beam_search_for,
+    check_beams,
+    release_beam,
+)
 from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
 from djl_handlers.engines.hf.decode_graphs import DecodeGraphs, capture_sizes, resolve_mode
 from djl_handlers.engines.hf.forks import check_sample_rows, fan_out, fork_rows
@@ -201,8 +207,10 @@ class HFEngine:
         self._ids.update(ids)
         row = Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
                    compiling=compiling, forks=list(enumerate(request.sample_ids, start=1)))
-        row.beam = beam_search_for(params, len(request.prompt_ids), self.max_model_len, self.eos_token_ids)
-        row.beam_forks = row.beam.num_beams - 1 if row.beam is not None else 0
+        eos = () if params.ignore_eos_token else self.eos_token_ids  # as the scheduler's stop rule
+        row.beam = beam_search_for(settings, len(request.prompt_ids), self.max_model_len, eos, ids)
+        if row.beam is not None:  # one row per beam; the sample ids report hypotheses, not rows
+            row.beam_forks, row.forks = row.beam.num_beams - 1, []
         self._queue.append(row)
 
     def check_parameters(self, params: Any) -> Any:
@@ -260,6 +268,8 @@ class HFEngine:
                 return False
             if request_id in row.ids:
                 row.forks = [fork for fork in row.forks if fork[1] != request_id]
+                if row.beam is not None:
+                    release_beam(row.beam, request_id)
                 return False
         return True
 
@@ -272,7 +282,9 @@ class HFEngine:
         if batch is None:
             return
         for row in batch.rows:
-            if row.request.request_id == request_id:
+            if row.beam is not None and request_id in row.beam.ids:  # done once all its sequences are
+                row.done = release_beam(row.beam, request_id) or row.done
+            elif row.request.request_id == request_id:
                 row.done = True
         if all(row.done for row in batch.rows):
             self._batch = None  # free the whole cache now

@@ -46,7 +46,9 @@ class Row:
 
     @property
     def ids(self) -> list[int]:
-        """The request ids of this row and of its forks."""
+        """The request ids of this row and of its forks (a beam request's: its sequences' ids)."""
+        if self.beam is not None:
+            return list(self.beam.ids)
         return [self.request.request_id, *(rid for _, rid in self.forks)]
 
     @property

@@ -19,6 +19,9 @@ from djl_handlers.engines.hf.lora import require_lora
 from djl_handlers.errors import PromptTooLong, message_of
 from djl_handlers.params.translate import translate
 
+BEAMS_NEED_ROLLING_BATCH = ("parameters.num_beams > 1 needs the rolling batch (option.rolling_batch=auto or "
+                            "huggingface): dynamic batching does not run beam search")
+
 
 def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list[StepOutput]]:
     """Dynamic-batch mode: ``model.generate()`` on left-padded batches.
@@ -45,6 +48,9 @@ def generate_static(engine: Any, requests: Sequence[EngineRequest]) -> list[list
                 results[i] = [StepOutput(req.request_id, error=message_of(exc))]
                 continue
         settings = translate(req.params, engine.name)  # to_hf / to_deepspeed: the one greedy rule
+        if settings["num_beams"] > 1:  # beams live in the running batch (engines/hf/beam_rows.py)
+            results[i] = [StepOutput(req.request_id, error=BEAMS_NEED_ROLLING_BATCH)]
+            continue
         limits[i] = int(settings["max_new_tokens"])
         constraint = req.params.structured_output
         groups.setdefault((generate_key(settings, req.params.seed), constraint), []).append(i)
