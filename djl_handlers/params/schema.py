@@ -53,6 +53,8 @@ def _validator_schema(validator: Callable[..., Any], engine: str, max_new_tokens
                           {"type": "string", "pattern": f"^{gen._DIGITS.pattern}$"}]}
     if func is gen._strings:
         return {"anyOf": [_NON_EMPTY, {"type": "array", "items": _NON_EMPTY}]}
+    if func is gen._early_stopping:
+        return {"anyOf": [{"type": "boolean"}, {"enum": ["never"]}]}
     if func is gen._token_ids:
         return {"type": "array", "items": {"type": "integer", "minimum": 0}}
     raise ValueError(f"no schema for validator {func!r}")  # a new validator needs a line here

@@ -100,7 +100,20 @@ def test_an_lmi_error_names_the_field_as_the_client_spelled_it() -> None:
     assert info.value.field == "min_tokens" and "ignore_eos_token" not in info.value.message
 
 
-@pytest.mark.parametrize(("field", "value"), [("use_beam_search", True), ("priority", 3), ("logits_processors", ["x"]),
+def test_use_beam_search_is_vllm_beam_width_n_and_greedy() -> None:
+    params = _parse({**PROMPT, "use_beam_search": True, "n": 3, "temperature": 0.7}).params
+    assert (params.num_beams, params.n, params.do_sample) == (3, 3, False)
+    params = _parse({**PROMPT, "use_beam_search": True, "n": 2, "best_of": 4, "length_penalty": 0.5}).params
+    assert (params.num_beams, params.n, params.best_of, params.length_penalty) == (4, 2, 4, 0.5)
+    with pytest.raises(InvalidParameter) as info:
+        _parse({**PROMPT, "use_beam_search": "yes"})
+    assert info.value.field == "use_beam_search"
+    with pytest.raises(InvalidParameter) as info:
+        _parse({**PROMPT, "use_beam_search": True, "n": 2}, engine="vllm")
+    assert "num_beams" in info.value.message
+
+
+@pytest.mark.parametrize(("field", "value"), [("priority", 3), ("logits_processors", ["x"]),
                                               ("suffix", "tail"), ("return_tokens_as_token_ids", True)])
 def test_default_only_fields_refuse_other_values(field: str, value: Any) -> None:
     with pytest.raises(InvalidParameter) as info:

@@ -141,6 +141,8 @@ _TABLE: tuple[BodyField, ...] = (
     _own("n", _nullable(_SAMPLES), description="choices; > 1 needs sampling and an engine that decodes samples"),
     _own("best_of", _nullable(_SAMPLES), _COMPLETION_ONLY,
          description="samples decoded, the best n (cumulative log-probability) returned; >= n, not streamed"),
+    _own("use_beam_search", _BOOL, description="vLLM's beam search: n beams (best_of when larger), the n best "
+         "returned as choices; greedy (temperature is not applied); streamed too (settled tokens)"),
     _own("stream", _BOOL),
     _own("stream_options", _nullable(_STREAM_OPTIONS)),
     _own("logprobs", _nullable(_BOOL), _CHAT_ONLY),
@@ -176,7 +178,7 @@ _TABLE: tuple[BodyField, ...] = (
                                   "session_id", "cache_salt", "stream_interval", "prompt_cache_key",
                                   "safety_identifier")),
     # features we do not have: their default only
-    _default_only("use_beam_search", False), _default_only("allowed_token_ids"),
+    _default_only("allowed_token_ids"),
     _default_only("logprob_token_ids"), _default_only("truncation_side", "left"),
     _default_only("priority", 0), _default_only("return_tokens_as_token_ids", False),
     _default_only("return_token_ids", False), _default_only("return_token_offsets", False),

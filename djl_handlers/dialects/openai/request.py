@@ -206,6 +206,8 @@ def completion_to_lmi(body: dict[str, Any]) -> OpenAIRequest:
     params = _common_parameters({**body, "max_tokens": 1} if prompt_only else body, COMPLETION)
     if body.get("best_of") not in (None, 1):  # OpenAI returns n (default 1) of the best_of samples
         params.update(best_of=body["best_of"], n=params.get("n", 1))
+        if "num_beams" in params:  # use_beam_search: best_of beams when more than n
+            params["num_beams"] = max(params["num_beams"], params["best_of"])
         _check_greedy_samples(params, "best_of")
     if logprobs:
         params["top_n_tokens"] = logprobs  # each position's N most likely tokens
@@ -285,6 +287,9 @@ def _common_parameters(body: dict[str, Any], api: str) -> dict[str, Any]:
             assert spec.parameter is not None
             params[spec.parameter] = body[spec.name]
     params.update(_structured(body))
+    if _bool(body.get("use_beam_search"), "use_beam_search", False):  # vLLM's: beam width n, greedy
+        params.update(num_beams=params.get("n", 1), do_sample=False)
+        params.pop("temperature", None)
     _check_greedy_samples(params, "n")
     return params
 
@@ -292,7 +297,8 @@ def _common_parameters(body: dict[str, Any], api: str) -> dict[str, Any]:
 def _check_greedy_samples(params: dict[str, Any], name: str) -> None:
     """vLLM's rule, in its words: more than one sample (``n``/``best_of``) needs sampling."""
     value = params.get(name)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 1 and not params.get("do_sample"):
+    beams = params.get("num_beams", 1)  # use_beam_search returns up to num_beams sequences
+    if isinstance(value, int) and not isinstance(value, bool) and value > max(1, beams) and not params.get("do_sample"):
         raise InvalidParameter(f"{name} must be 1 when using greedy sampling (temperature 0), got {value}",
                                field=name)
 
