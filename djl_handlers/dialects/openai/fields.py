@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from djl_handlers.params.generation import MAX_SAMPLES
+from djl_handlers.params.generation import MAX_LOGPROBS, MAX_SAMPLES
 
 __all__ = [
     "CHAT", "COMPLETION", "DEFAULT_MAX_TOKENS", "FIELDS", "MAX_COMPLETION_LOGPROBS", "MAX_TEMPERATURE",
@@ -38,7 +38,7 @@ BOTH = frozenset((CHAT, COMPLETION))
 DEFAULT_MAX_TOKENS = 256
 MAX_TEMPERATURE = 2.0
 MAX_TOP_LOGPROBS = 20
-MAX_COMPLETION_LOGPROBS = 5
+MAX_COMPLETION_LOGPROBS = MAX_LOGPROBS  # vLLM's default max_logprobs (the OpenAI API allows 5)
 
 OWN, PARAMETER, TEMPLATE, TOKENIZATION, IGNORED, DEFAULT_ONLY = (
     "own", "parameter", "template", "tokenization", "ignored", "default_only")

@@ -231,7 +231,11 @@ def completion_prompts(value: Any) -> list[Prompt]:
     expected = "a string, a list of token ids, or a non-empty list of strings or of token-id lists"
     if not isinstance(value, list) or not value:
         raise InvalidRequest(f"prompt must be {expected}, got {_show(value)}", field="prompt")
-    if all(_is_token_id(v) for v in value):
+    if isinstance(value[0], int) and not isinstance(value[0], bool):  # one prompt as token ids
+        bad = next(i for i, v in enumerate(value + [-1]) if not _is_token_id(v))
+        if bad < len(value):
+            raise InvalidRequest(f"prompt[{bad}] must be a token id (a non-negative integer) like prompt[0], got "
+                                 f"{_show(value[bad])}", field="prompt")
         return [tuple(value)]
     kind = str if isinstance(value[0], str) else list
     prompts: list[Prompt] = []
@@ -243,7 +247,7 @@ def completion_prompts(value: Any) -> list[Prompt]:
             prompts.append(tuple(item))
         else:
             what = "a string" if kind is str else "a non-empty list of token ids (non-negative integers)"
-            raise InvalidRequest(f"prompt[{index}] must be {what} like prompt[0], got {_show(item)}", field="prompt")
+            raise InvalidRequest(f"prompt[{index}] must be {what}, got {_show(item)}", field="prompt")
     return prompts
 
 
