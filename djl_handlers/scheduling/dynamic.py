@@ -43,6 +43,18 @@ def refuse_samples(request: Request) -> None:
                                "batching decodes one sequence per prompt", field=name)
 
 
+def refuse_rolling_only(request: Request) -> None:
+    """400 for what only the rolling batch answers: a list of prompts in one OpenAI completions
+    request, and ``echo`` with the prompt's log-probabilities (``generate()`` reports none)."""
+    if request.per_prompt:
+        raise InvalidParameter("a list of prompts needs rolling batch (option.rolling_batch); send one "
+                               "prompt per request", field="prompt")
+    options = request.response_options
+    if options.echo and options.logprobs is not None:
+        raise InvalidParameter("echo with logprobs (the prompt's log-probabilities) needs rolling batch "
+                               "(option.rolling_batch)", field="echo")
+
+
 def _prompts(request: Request) -> list[str]:
     return [request.inputs] if isinstance(request.inputs, str) else list(request.inputs)
 
@@ -87,13 +99,11 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
     for index, request in enumerate(requests):
         try:
             refuse_samples(request)
-            if request.per_prompt:
-                raise InvalidParameter("a list of prompts needs rolling batch (option.rolling_batch); send one "
-                                       "prompt per request", field="prompt")
+            refuse_rolling_only(request)
             if check is not None:
                 check(request.params)
             formatter = formatter_for(request) if formatter_for is not None else None
-            if formatter is not None and isinstance(request.inputs, str):
+            if formatter is not None and (isinstance(request.inputs, str) or request.prompt_ids is not None):
                 formatters[index] = formatter
                 made = [_new_slot(engine, request, request.prompt, whole=True)]
             else:

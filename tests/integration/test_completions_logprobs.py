@@ -128,9 +128,24 @@ def test_n_samples_of_several_prompts_are_numbered_prompt_times_n(service: Infer
         assert [c["text"] for c in body["choices"][2 * p: 2 * p + 2]] == [c["text"] for c in alone]
 
 
+def test_streamed_echo_of_several_prompts_equals_the_whole_answer(service: InferenceService) -> None:
+    body = completion(PROMPTS, echo=True, logprobs=2, max_tokens=3)
+    whole = ok(service, body)["choices"]
+    joined: dict[int, dict[str, list[Any]]] = {0: {}, 1: {}}
+    for event in ok(service, {**body, "stream": True}):
+        for choice in event["choices"]:
+            for key, values in choice["logprobs"].items():
+                joined[choice["index"]].setdefault(key, []).extend(values)
+    assert [joined[0], joined[1]] == [c["logprobs"] for c in whole]
+
+
 def test_chat_top_logprobs(service: InferenceService) -> None:
-    body = ok(service, {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 3,
-                        "logprobs": True, "top_logprobs": 4})
+    request = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 3,
+               "logprobs": True, "top_logprobs": 4}
+    body = ok(service, request)
+    streamed = [entry for event in ok(service, {**request, "stream": True}) for choice in event["choices"]
+                if choice["logprobs"] for entry in choice["logprobs"]["content"]]
+    assert streamed == body["choices"][0]["logprobs"]["content"]
     content = body["choices"][0]["logprobs"]["content"]
     assert len(content) == 3
     for entry in content:
@@ -172,3 +187,18 @@ def test_async_mode_answers_a_prompt_list_as_the_rolling_batch(tiny_dir: Path, s
     assert [c["text"] for c in answer["choices"]] == [c["text"] for c in expected["choices"]]
     tokens = [c["logprobs"]["tokens"] for c in answer["choices"]]
     assert tokens == [c["logprobs"]["tokens"] for c in expected["choices"]]
+
+
+def test_dynamic_batching_refuses_what_only_the_rolling_batch_answers(tiny_dir: Path,  # noqa: F811
+                                                                      tiny_model: Any) -> None:  # noqa: F811
+    from djl_handlers.testing.java_loop import dynamic_batch
+
+    _, tokenizer = tiny_model
+    service = InferenceService("huggingface")
+    init = {"model_id": str(tiny_dir), "dtype": "fp32", "rolling_batch": "disable", "batch_size": "4"}
+    assert service.handle(Input.from_parts(init, ())) is None
+    answers = dynamic_batch(service.handle, [completion(PROMPTS), completion(PROMPTS[0], echo=True, logprobs=1),
+                                             completion(tokenizer.encode(PROMPTS[0]), echo=True)])
+    assert "prompt" in json.dumps(answers[0]) and "rolling batch" in json.dumps(answers[0])
+    assert "echo" in json.dumps(answers[1]) and "rolling batch" in json.dumps(answers[1])
+    assert answers[2]["choices"][0]["text"].startswith(PROMPTS[0])  # one token-id prompt, echoed as text
