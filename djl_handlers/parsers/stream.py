@@ -75,9 +75,15 @@ class ReplyStream:
     reasoning: Optional[ReasoningParser]
     tools: Optional[ToolParser]
     specs: list[dict[str, Any]] = field(default_factory=list)
+    text: str = ""  # the reply so far (``extend``)
     _reasoning: str = ""
     _content: str = ""
     _calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments) sent
+
+    def extend(self, piece: str, final: bool) -> ReplyDelta:
+        """``feed`` the reply so far plus ``piece``, the text of this step's tokens."""
+        self.text += piece
+        return self.feed(self.text, final)
 
     def feed(self, text: str, final: bool) -> ReplyDelta:
         """What ``text`` (the whole reply so far) adds to what was sent."""

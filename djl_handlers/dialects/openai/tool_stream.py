@@ -72,7 +72,11 @@ class ToolStreamFormatter(OpenAIStreamFormatter):
                 state.tool_stream_started = True
                 events.append(chunk({"role": "assistant", "content": ""}))
             stream = reply_stream(out)
-            events.extend(self._deltas(out, stream.feed(out.generated_text, out.finished), chunk))
+            if out.finished:  # the whole text once, as the scheduler left it
+                delta = stream.feed(out.generated_text, True)
+            else:
+                delta = stream.extend("".join(t.text for t in out.new_tokens), False)
+            events.extend(self._deltas(out, delta, chunk))
             finish = "tool_calls" if stream.called else None
         if out.finished:
             events.append(chunk({}, finish or openai_finish_reason(out)))
