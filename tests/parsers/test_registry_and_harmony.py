@@ -77,3 +77,19 @@ def test_parallel_tool_calls_false_keeps_the_first_call_whole_and_streamed() -> 
             else:
                 ids = [c["id"] for c in json.loads(body)["choices"][0]["message"]["tool_calls"]]
             assert len(ids) == count, (parallel, stream)
+
+
+@pytest.mark.parametrize(("reasoning", "tools", "kept"), [
+    ("openai_gptoss", "json", True), ("deepseek_r1", "llama3_json", True), ("deepseek_r1", "mistral", True),
+    ("deepseek_r1", "hermes", False), ("", "pythonic", False)])
+def test_parsers_whose_markers_are_special_tokens_keep_them_in_the_text(reasoning, tools, kept) -> None:
+    from djl_handlers.dialects.openai.request import chat_to_lmi
+
+    def template(messages, **kwargs) -> str:
+        return "".join(m["content"] for m in messages)
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    req = chat_to_lmi(body, template, reasoning=reasoning or None, tool_parser=tools)
+    assert (req.parameters.get("skip_special_tokens") is False) == kept
+    mine = chat_to_lmi({**body, "skip_special_tokens": True}, template, reasoning=reasoning or None, tool_parser=tools)
+    assert mine.parameters.get("skip_special_tokens") is True  # the client's choice wins

@@ -26,6 +26,7 @@ class HarmonyParser:
     """Harmony channels read from text."""
 
     name: str = "openai_gptoss"
+    special_tokens: bool = True  # the channel markers are special tokens: the request keeps them
 
     def split(self, text: str, final: bool) -> ReasoningSplit:
         reasoning: Optional[str] = None
