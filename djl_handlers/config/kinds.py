@@ -82,12 +82,13 @@ def detect_kind(task: str | None, model_id: str | None) -> str:
 
 
 def check_kind_engine(kind: str, engine: str, task: str | None) -> None:
-    """An embedder or reranker is served by the HF engine only: a ``ConfigError`` naming the task
-    for any other serving engine (vLLM, TensorRT-LLM, DeepSpeed)."""
-    if kind != GENERATION and engine != "huggingface":
-        raise ConfigError(f"option.task={task or kind!r} ({kind}) is served by option.entryPoint="
-                          f"djl_handlers.huggingface; the {engine} engine serves text generation only here",
-                          field="option.task")
+    """Embedders are served by the HF engine and vLLM's pooling runner, rerankers by the HF engine: a
+    ``ConfigError`` naming the task for any other serving engine (TensorRT-LLM, DeepSpeed)."""
+    served = {EMBEDDING: ("huggingface", "vllm"), RERANK: ("huggingface",)}.get(kind)
+    if served is not None and engine not in served:
+        entry = " or ".join(f"djl_handlers.{name}" for name in served)
+        raise ConfigError(f"option.task={task or kind!r} ({kind}) is served by option.entryPoint={entry}; the "
+                          f"{engine} engine serves text generation only here", field="option.task")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 
 from djl_handlers.config.kinds import EMBEDDING, check_kind_engine
 from djl_handlers.errors import DjlHandlersError, InvalidRequest, status_of
-from djl_handlers.extensions import API_PROPERTY, STATS_RECORD_KEY, STATUS_PROPERTY
+from djl_handlers.extensions import (
+    API_PROPERTY,
+    CANCEL_TRACKING_PREFIX,
+    STATS_RECORD_KEY,
+    STATUS_PROPERTY,
+    TRACKING_ID_PROPERTY,
+)
 from djl_handlers.io.compat import new_output
 from djl_handlers.pooling.hf_engine import Encoded, HfPoolingEngine
 from djl_handlers.pooling.parse import parse_pooling
@@ -86,8 +92,10 @@ class PoolingService:
         return out
 
     async def _handle_async(self, inputs: Any) -> Any:
-        """Async mode: one request, its one record (``async_mode.record_output``'s shape)."""
-        if inputs.is_empty():
+        """Async mode: one request, its one record (``async_mode.record_output``'s shape). A cancel frame
+        is answered with None: a request here is answered in one call, there is nothing to abort."""
+        tracking = str(inputs.get_property(TRACKING_ID_PROPERTY) or "")
+        if inputs.is_empty() or tracking.startswith(CANCEL_TRACKING_PREFIX):
             return None
         (status, body, stats), = await asyncio.get_running_loop().run_in_executor(None, self.answer, [inputs])
         out = new_output(inputs)
@@ -197,12 +205,18 @@ class PoolingService:
 
 
 def build_pooling_service(config: ServingConfig, kind: str, entry_point: str) -> PoolingService:
-    """The service for an embedder or reranker on ``entry_point`` (``huggingface`` serves them; another
-    entry point is a ``ConfigError`` naming the task)."""
+    """The service for an embedder or reranker on ``entry_point``: the transformers engine, or vLLM's
+    pooling runner for an embedder on ``djl_handlers.vllm``; another engine is a ``ConfigError`` naming
+    the task (``config.kinds.check_kind_engine``)."""
     from pathlib import Path
 
     check_kind_engine(kind, config.serving_engine, config.pooling.task)
-    engine = HfPoolingEngine.from_config(config, kind)
+    if config.serving_engine == "vllm":
+        from djl_handlers.pooling.vllm_engine import VllmPoolingEngine
+
+        engine: HfPoolingEngine = VllmPoolingEngine.from_config(config, kind)
+    else:
+        engine = HfPoolingEngine.from_config(config, kind)
     LOG.info("djl_handlers %s engine ready (%s model, %s)", entry_point, kind,
              "async mode" if config.async_mode else f"rolling_batch={config.resolved_rolling_batch()}")
     return PoolingService(config, kind, engine, Path(str(config.model_id or config.model_dir or "model")).name)

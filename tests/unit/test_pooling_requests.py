@@ -154,6 +154,10 @@ def test_check_names_the_kind_and_refuses_an_engine_that_does_not_serve_it(tmp_p
     folder = _folder(tmp_path, ["BertForSequenceClassification"])
     assert preflight("djl_handlers.huggingface", folder, {"model_id": folder}, {}).model_kind == RERANK
     with pytest.raises(ConfigError) as caught:
-        preflight("djl_handlers.vllm", folder, {"model_id": folder, "task": "text_embedding",
-                                                "rolling_batch": "vllm"}, {})
-    assert caught.value.field == "option.task" and "text_embedding" in caught.value.message
+        preflight("djl_handlers.vllm", folder, {"model_id": folder, "task": "rerank", "rolling_batch": "vllm"}, {})
+    assert caught.value.field == "option.task" and "rerank" in caught.value.message
+    with pytest.raises(ConfigError):
+        preflight("djl_handlers.tensorrt_llm", folder, {"model_id": folder, "task": "text_embedding"}, {})
+    embedder = preflight("djl_handlers.vllm", folder, {"model_id": folder, "task": "text_embedding",
+                                                       "rolling_batch": "vllm"}, {})
+    assert embedder.model_kind == EMBEDDING
