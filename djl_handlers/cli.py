@@ -183,6 +183,22 @@ def _adapters(settings: Any) -> list[dict[str, Any]]:
                  valid=(Path(a.src) / "adapter_config.json").is_file()) for a in found]
 
 
+def _cpu(serving_config: Any) -> dict[str, Any]:
+    """``check``'s ``cpu`` section for a transformers-engine model on the CPU: the CPU's features and
+    the paths the engine will take on it (which ISA, how 16-bit linear layers compute, the C
+    kernels' build target)."""
+    if not isinstance(serving_config, dict) or serving_config.get("engine") not in ("huggingface", "deepspeed"):
+        return {}
+    if not str(serving_config.get("device") or "cpu").startswith("cpu"):
+        return {}
+    from djl_handlers.engines.hf.cpu.isa import features
+    from djl_handlers.kernels.build import flag_sets
+
+    cpu = features().describe()
+    cpu["kernelFlags"] = " ".join(flag_sets()[0])
+    return {"cpu": cpu}
+
+
 def _check(model_dir: str) -> int:
     from djl_handlers.errors import message_of
     from djl_handlers.server.settings import load_settings
@@ -198,6 +214,7 @@ def _check(model_dir: str) -> int:
         report.update(_preflight(settings, lambda text: print(f"djl-handlers: warning: {text}", file=sys.stderr),
                                  handler_module))
         report["adapters"] = _adapters(settings)
+        report.update(_cpu(report.get("servingConfig")))
     except Exception as exc:
         print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)
         return 1

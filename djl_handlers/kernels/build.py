@@ -7,7 +7,9 @@ outside the package, so a read-only site-packages works (:func:`cache_dir`:
 ``$XDG_CACHE_HOME/djl_handlers/kernels``, else ``~/.cache/djl_handlers/kernels``) and loaded from
 there afterwards: the file name carries a hash of the source, the flags, the compiler's version and
 the CPU's feature flags, so a cache shared between different machines never loads a library built
-for another CPU (``-march=native``). Concurrent first builds (several workers) are safe: each
+for another CPU (``-march=native``; ``DJL_HANDLERS_KERNEL_MARCH`` names another target, e.g.
+``x86-64-v3`` to build the AVX2 code on an AVX-512 machine, as the lower-ISA tests do). Concurrent
+first builds (several workers) are safe: each
 compiles to a private temporary file and renames it into place. ``python -m
 djl_handlers.kernels.prebuild`` compiles every kernel ahead of the first request (an image build).
 
@@ -48,6 +50,15 @@ LINK_FLAGS: tuple[str, ...] = ("-shared", "-fopenmp")
 _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL | None] = {}
 _errors: dict[str, str] = {}
+
+
+def flag_sets() -> tuple[tuple[str, ...], ...]:
+    """:data:`FLAG_SETS` with ``-march=native`` replaced by ``-march=$DJL_HANDLERS_KERNEL_MARCH`` when
+    that is set (a lower ISA level than this CPU's, to build and test that code path here)."""
+    march = os.environ.get("DJL_HANDLERS_KERNEL_MARCH", "").strip()
+    if not march:
+        return FLAG_SETS
+    return tuple(tuple(f"-march={march}" if f == "-march=native" else f for f in flags) for flags in FLAG_SETS)
 
 
 def cache_dir() -> Path:
@@ -167,7 +178,7 @@ def _build_and_load(name: str, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL
     text = c_file.read_bytes()
     version = _version(cc)
     problems = []
-    for base_flags, libs in zip(FLAG_SETS, LIBS, strict=True):
+    for base_flags, libs in zip(flag_sets(), LIBS, strict=True):
         flags = base_flags + tuple(extra_flags)
         digest = hashlib.sha256(
             b"\0".join([text, " ".join(flags + LINK_FLAGS + libs).encode(), version.encode(),

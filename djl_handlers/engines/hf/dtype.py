@@ -11,29 +11,21 @@ The default when ``option.dtype`` is unset stays ``fp32`` (docs/configuration.md
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
+
+from djl_handlers.engines.hf.cpu.isa import cpu_flags, features
 
 _NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True when the CPU flags (``/proc/cpuinfo``) include AVX512-BF16 or AMX-BF16; elsewhere
-    (no ``/proc``), torch's own AVX512-BF16 probe."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            cpuinfo = ""
-    if cpuinfo:
-        flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split()}
+    """True when the CPU computes bf16 natively: AVX512-BF16 or AMX-BF16 in the flags of ``cpuinfo``
+    (``/proc/cpuinfo`` text) or, when not given, of this CPU **and** oneDNN's bf16 path usable here
+    (:mod:`~djl_handlers.engines.hf.cpu.isa`: ``ONEDNN_MAX_CPU_ISA`` can cap it below the flags)."""
+    if cpuinfo is not None:
+        flags = cpu_flags(cpuinfo)[1]
         return any(f in flags for f in _NATIVE_BF16_FLAGS)
-    try:
-        import torch
-
-        return bool(torch.cpu._is_avx512_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return features().native_bf16
 
 
 def checkpoint_dtype(model_id: str, **kwargs: Any) -> str | None:

@@ -65,7 +65,8 @@ class ProjectionGroup:
         self.versions = [weight_version(m.weight) for m in self.modules]
         self.packed = reorder(torch.cat([m.weight.detach() for m in self.modules]))
         biases = [m.bias for m in self.modules]
-        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+        # in the packed weight's dtype (fp32 for a bf16 model packed as ``fp32-over-bf16``)
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).to(self.packed.dtype)
 
     def clear(self) -> None:
         """Drop the kept result (and the reference to its input)."""

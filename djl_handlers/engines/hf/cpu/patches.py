@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from djl_handlers.config.hf import HuggingFaceOptions
-from djl_handlers.engines.hf.cpu import fused, linear, norm, ragged_attention, rotary
+from djl_handlers.engines.hf.cpu import fused, isa, linear, norm, ragged_attention, rotary
 from djl_handlers.errors import ConfigError
 
 __all__ = ["PATCHES", "apply", "revert", "use_ragged_attention"]
@@ -73,10 +73,14 @@ def _linear(model: Any, options: HuggingFaceOptions) -> str:
         return f"off: option.cpu_linear={options.cpu_linear}"
     count = linear.prepack_linears(model)
     if count:
-        return f"applied: {count} nn.Linear layers on prepacked oneDNN weights"
+        dtype = str(next(iter(model.parameters())).dtype).removeprefix("torch.")
+        path = isa.linear_path(dtype)
+        how = f" ({path}: this CPU has no oneDNN {dtype} path, so each call computes in fp32)" if (
+            path.startswith("fp32-over-")) else ""
+        return f"applied: {count} nn.Linear layers on prepacked oneDNN weights{how}"
     if not linear.available():
         return FELL_BACK + "this torch has no oneDNN; torch's linear"
-    return FELL_BACK + "no plain nn.Linear layer in fp32 or bf16 (quantized or custom layers keep their own)"
+    return FELL_BACK + "no plain nn.Linear layer in fp32, bf16 or fp16 (quantized or custom layers keep their own)"
 
 
 def _projections(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
