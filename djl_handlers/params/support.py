@@ -41,8 +41,8 @@ _TABLE: Mapping[str, str] = {
     "min_p": "NNNNN",
     "presence_penalty": "NNNNN",
     "frequency_penalty": "NNNNN",
-    "num_beams": "NNUUU",  # HF/DeepSpeed: beams in the running batch (engines/hf/beam_rows.py)
-    "length_penalty": "NNNUU",
+    "num_beams": "NNUNN",  # HF/DeepSpeed: beams in the batch (engines/hf/beam_rows.py); vLLM: its beam search
+    "length_penalty": "NNNNN",
     "early_stopping": "NNUUU",
     "stop_token_ids": "EENNN",  # HF/DeepSpeed: the scheduler stops on them (scheduling/slot.py)
     "include_stop_str_in_output": "EENNN",

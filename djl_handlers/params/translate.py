@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EMULATED", "ENGINES", "HF_EXTRAS", "NATIVE", "SUPPORT", "TRANSLATORS", "UNSUPPORTED", "is_sampling",
     "known_parameters", "min_tokens", "normalize_engine", "supported_parameters", "to_deepspeed", "to_hf",
-    "to_trtllm", "to_vllm", "translate",
+    "to_trtllm", "to_vllm", "to_vllm_beam_search", "translate",
 ]
 
 
@@ -101,6 +101,17 @@ def to_deepspeed(p: GenerationParameters) -> dict[str, Any]:
     same keywords as ``to_hf``; the support table is identical.
     """
     return to_hf(p)
+
+
+def to_vllm_beam_search(p: GenerationParameters) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.sampling_params.BeamSearchParams`` (vLLM's beam search, the loop of
+    its OpenAI server) when ``num_beams`` > 1, else ``{}``: ``beam_width`` is ``num_beams``; greedy
+    (``temperature`` 0: the beams read the model's own log-probabilities)."""
+    if p.num_beams <= 1:
+        return {}
+    return {"beam_width": p.num_beams, "max_tokens": p.max_new_tokens, "ignore_eos": p.ignore_eos_token,
+            "temperature": 0.0, "length_penalty": p.length_penalty,
+            "include_stop_str_in_output": p.include_stop_str_in_output, "skip_special_tokens": p.skip_special_tokens}
 
 
 def _vllm_logprobs(p: GenerationParameters) -> int:

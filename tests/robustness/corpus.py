@@ -354,8 +354,8 @@ def unknown_parameter_cases() -> Iterator[Case]:
                mentions=("mean the same",))
     yield Case("unsupported-presence-penalty-hf", body_with('"presence_penalty": 0.5'),
                mentions=("presence_penalty", "not supported", "huggingface"))
-    yield Case("unsupported-num-beams-vllm", body_with('"num_beams": 4'), engine="vllm", modes=(ROLLING,),
-               mentions=("num_beams", "not supported", "vllm"))
+    yield Case("unsupported-early-stopping-vllm", body_with('"early_stopping": true'), engine="vllm",
+               modes=(ROLLING,), mentions=("early_stopping", "not supported", "vllm"))
     yield Case("unsupported-default-value-ok", body_with(f'"num_beams": 1, "max_new_tokens": {N}'), status=200,
                expect_text=REPLY[:N])
     # Dynamic batching uses no formatter, so a formatter name is only checked in rolling mode.

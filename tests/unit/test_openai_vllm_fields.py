@@ -109,7 +109,7 @@ def test_use_beam_search_is_vllm_beam_width_n_and_greedy() -> None:
         _parse({**PROMPT, "use_beam_search": "yes"})
     assert info.value.field == "use_beam_search"
     with pytest.raises(InvalidParameter) as info:
-        _parse({**PROMPT, "use_beam_search": True, "n": 2}, engine="vllm")
+        _parse({**PROMPT, "use_beam_search": True, "n": 2}, engine="tensorrt_llm")
     assert "num_beams" in info.value.message
 
 

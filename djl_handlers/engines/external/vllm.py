@@ -29,6 +29,7 @@ from typing import Any, Optional
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.common import fit_kwargs, import_engine_library, vllm_structured_kwargs
 from djl_handlers.engines.external.vllm_async import VllmAsyncEngine
+from djl_handlers.engines.external.vllm_beams import refuse_in_sync_mode
 from djl_handlers.engines.external.vllm_config import (
     LMI_DIST_NOTICE,
     engine_args_kwargs,
@@ -97,6 +98,7 @@ class VllmEngine:
         """Queue ``request`` in vLLM; bad parameters raise ``InvalidParameter``, a prompt vLLM
         refuses ``PromptTooLong``."""
         vllm = import_engine_library("vllm", self.name)
+        refuse_in_sync_mode(request)
         sampling, _ = sampling_params(vllm, request.params)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         try:

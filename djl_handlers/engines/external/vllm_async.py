@@ -18,6 +18,7 @@ Per request (:class:`~djl_handlers.engines.base.AsyncEngine`):
 - ``abort_async`` is ``engine.abort(str(request_id))``: async mode calls it when it stops reading
   a request (a stop rule of ours, a cancel, a client that went away); closing the stream does the
   same inside vLLM.
+- Beam search (``num_beams``) is vLLM's own loop over this engine (``vllm_beams``).
 - Several samples (``n``/``best_of`` > 1) are one ``generate`` with ``SamplingParams.n``; each
   sample's outputs come under its own id (``vllm_samples``); ``release(id)`` lets one sample go
   (it finished by a rule of ours), and the stream ends when no sample is left to read.
@@ -40,6 +41,7 @@ from typing import Any
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.common import fit_kwargs, import_engine_library
+from djl_handlers.engines.external.vllm_beams import beam_search_outputs, is_beam_search
 from djl_handlers.engines.external.vllm_config import (
     engine_args_kwargs,
     engine_tokenizer,
@@ -107,6 +109,10 @@ class VllmAsyncEngine:
     # -- AsyncEngine protocol ----------------------------------------------------------------------
     async def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
         """Run ``request`` in vLLM; yields its new step outputs per ``RequestOutput``."""
+        if is_beam_search(request):  # vLLM's own beam-search loop (vllm_beams)
+            async for outs in beam_search_outputs(self.engine, request):
+                yield outs
+            return
         sampling, delta = sampling_params(self._vllm, request.params, delta=True)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         rid = request.request_id
