@@ -133,3 +133,38 @@ def test_streamed_chunks_have_openai_shapes(server: ServerProcess) -> None:
     assert all(t.id is None and t.type is None and t.function and t.function.name is None for t in rest)
     assert json.loads("".join(t.function.arguments or "" for t in calls if t.function)) == {"city": "Paris", "days": 2}
     assert chunks[-1].usage and chunks[-1].usage.completion_tokens_details.reasoning_tokens > 0  # type: ignore[union-attr]
+
+
+LANGCHAIN = """
+import json, sys
+from langchain_openai import ChatOpenAI
+url, regex, tool = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+llm = ChatOpenAI(base_url=url + "/v1", api_key="unused", model="m", max_tokens=200, max_retries=0,
+                 extra_body={"structured_outputs": {"regex": regex}}).bind_tools([tool])
+total = None
+for chunk in llm.stream("Weather in Paris for two days?"):
+    total = chunk if total is None else total + chunk
+print(json.dumps({"calls": [{"name": c["name"], "args": c["args"], "id": c["id"]} for c in total.tool_calls],
+                  "content": total.content, "invalid": len(total.invalid_tool_calls)}))
+"""
+
+
+def test_langchain_chat_openai_assembles_the_streamed_call(server: ServerProcess) -> None:
+    """LangChain's ChatOpenAI merges our chunks into one tool call: run in this interpreter when
+    langchain-openai is installed, else in the one ``DJL_HANDLERS_LANGCHAIN_PYTHON`` names."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    python = sys.executable if importlib.util.find_spec("langchain_openai") else os.environ.get(
+        "DJL_HANDLERS_LANGCHAIN_PYTHON")
+    if not python:
+        pytest.skip("langchain-openai is not installed (or set DJL_HANDLERS_LANGCHAIN_PYTHON)")
+    run = subprocess.run([python, "-c", LANGCHAIN, server.url, literal(REPLY), json.dumps(WEATHER)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["invalid"] == 0 and got["content"] == "Let me check."
+    assert [(c["name"], c["args"]) for c in got["calls"]] == [("get_weather", {"city": "Paris", "days": 2})]
+    assert got["calls"][0]["id"].startswith("call_")
