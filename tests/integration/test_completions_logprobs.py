@@ -126,6 +126,11 @@ def test_n_samples_of_several_prompts_are_numbered_prompt_times_n(service: Infer
     for p, prompt in enumerate(PROMPTS):
         alone = ok(service, completion(prompt, n=2, temperature=1.0, seed=3))["choices"]
         assert [c["text"] for c in body["choices"][2 * p: 2 * p + 2]] == [c["text"] for c in alone]
+    streamed = ["", "", "", ""]
+    for event in ok(service, completion(PROMPTS, n=2, temperature=1.0, seed=3, stream=True)):
+        for choice in event["choices"]:
+            streamed[choice["index"]] += choice["text"]
+    assert streamed == [c["text"] for c in body["choices"]]
 
 
 def test_streamed_echo_of_several_prompts_equals_the_whole_answer(service: InferenceService) -> None:
