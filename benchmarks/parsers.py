@@ -89,12 +89,18 @@ def decode_step_s(tokens: int) -> float:
     params = GenerationParameters.from_dict({"max_new_tokens": tokens, "ignore_eos_token": True})
     for i in range(STREAMS):
         engine.add_request(EngineRequest(i, prompt, params))
-    engine.step()  # the prefill
+    counts = dict.fromkeys(range(STREAMS), 0)
+
+    def step() -> None:
+        for out in engine.step():
+            counts[out.request_id] += 1
+            if out.finish_reason or out.error or counts[out.request_id] >= tokens:
+                engine.release(out.request_id)  # the scheduler's stopping rule, here by count
+
+    step()  # the prefill
     steps, started = 0, time.perf_counter()
     while engine.has_unfinished():
-        for out in engine.step():
-            if out.finish_reason:
-                engine.release(out.request_id)
+        step()
         steps += 1
     return (time.perf_counter() - started) / max(steps, 1)
 
