@@ -114,23 +114,25 @@ def apply_penalties(x: torch.Tensor, rows: Sequence[_Row]) -> torch.Tensor:
     penalties of the rows that ask for each; one batched operation per processor."""
     dev = x.device
     rep = [i for i, r in enumerate(rows) if r.seen is not None]
-    if rep:
-        idx = torch.tensor(rep, dtype=torch.long, device=dev)
+    if rep:  # only the seen entries are touched (a few hundred of a row's vocabulary)
         seen = torch.stack([rows[i].seen for i in rep]).to(dev)  # type: ignore[misc]
-        pen = torch.tensor([rows[i].repetition_penalty for i in rep], dtype=x.dtype, device=dev).unsqueeze(1)
-        sub = x[idx]
-        x[idx] = torch.where(seen, torch.where(sub > 0, sub / pen, sub * pen), sub)
+        pen = torch.tensor([rows[i].repetition_penalty for i in rep], dtype=x.dtype, device=dev)
+        which, token = seen.nonzero(as_tuple=True)
+        row = torch.tensor(rep, dtype=torch.long, device=dev)[which]
+        value, factor = x[row, token], pen[which]
+        x[row, token] = torch.where(value > 0, value / factor, value * factor)
     _mask(x, [(i, r.penalties.banned) for i, r in enumerate(rows) if r.penalties is not None and r.penalties.banned])
     _mask(x, [(i, r.eos_token_ids) for i, r in enumerate(rows) if r.generated < r.min_new_tokens and r.eos_token_ids])
     counting = [i for i, r in enumerate(rows) if r.penalties is not None and r.penalties.counting]
     started = [i for i in counting if rows[i].penalties.counts is not None]  # type: ignore[union-attr]
-    if started:
+    if started:  # only the generated tokens' entries are touched
         states = [rows[i].penalties for i in started]
-        idx = torch.tensor(started, dtype=torch.long, device=dev)
         counts = torch.stack([_on(s, dev) for s in states])  # type: ignore[arg-type]
-        freq = torch.tensor([s.frequency for s in states], dtype=x.dtype, device=dev).unsqueeze(1)  # type: ignore[union-attr]
-        pres = torch.tensor([s.presence for s in states], dtype=x.dtype, device=dev).unsqueeze(1)  # type: ignore[union-attr]
-        x[idx] = x[idx] - freq * counts - pres * (counts > 0).to(x.dtype)
+        freq = torch.tensor([s.frequency for s in states], dtype=x.dtype, device=dev)  # type: ignore[union-attr]
+        pres = torch.tensor([s.presence for s in states], dtype=x.dtype, device=dev)  # type: ignore[union-attr]
+        which, token = counts.nonzero(as_tuple=True)
+        row = torch.tensor(started, dtype=torch.long, device=dev)[which]
+        x[row, token] = x[row, token] - freq[which] * counts[which, token] - pres[which]
     return x
 
 

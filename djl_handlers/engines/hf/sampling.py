@@ -176,7 +176,7 @@ def sample_batch(
     if special:
         idx = torch.tensor(special, dtype=torch.long, device=logits.device)
         try:
-            chosen = _select(logits[idx], [rows[i] for i in special])
+            chosen = _select(logits[idx], [rows[i] for i in special], checked=stats is not None)
             tokens[idx] = chosen.to(tokens.device)
         except (RuntimeError, ValueError):
             for i in special:  # isolate the failing row(s)
@@ -258,17 +258,22 @@ def prompt_log_probs(
     return out
 
 
-def _select(logits: torch.Tensor, rows: Sequence[RowSampling]) -> torch.Tensor:
-    """Processed selection for rows that need more than argmax. ``logits`` [n, vocab] float32."""
-    if torch.isnan(logits).any():
+def _select(logits: torch.Tensor, rows: Sequence[RowSampling], checked: bool = False) -> torch.Tensor:
+    """Processed selection for rows that need more than argmax. ``logits`` [n, vocab] float32;
+    ``checked``: the rows are known to hold no NaN (the row-stats kernel accepted them)."""
+    if not checked and torch.isnan(logits).any():
         raise ValueError("the model produced NaN logits")
     x = apply_penalties(logits.clone(), rows)
-    chosen = x.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.do_sample]
-    if sampled:
-        sub = [rows[i] for i in sampled]
-        idx = torch.tensor(sampled, dtype=torch.long, device=x.device)
-        chosen[idx] = _sample(x[idx], sub)
+    if not sampled:
+        return x.argmax(dim=-1)
+    chosen = torch.zeros(len(rows), dtype=torch.long, device=x.device)
+    greedy = [i for i, row in enumerate(rows) if not row.do_sample]
+    if greedy:  # the argmax only where it is the answer
+        at = torch.tensor(greedy, dtype=torch.long, device=x.device)
+        chosen[at] = x[at].argmax(dim=-1)
+    idx = torch.tensor(sampled, dtype=torch.long, device=x.device)
+    chosen[idx] = _sample(x[idx], [rows[i] for i in sampled])
     return chosen
 
 
