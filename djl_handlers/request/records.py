@@ -162,6 +162,7 @@ class RequestOutput:
     finish_reason: Optional[FinishReason] = None
     error: Optional[str] = None
     error_code: Optional[int] = None
+    error_field: Optional[str] = None  # the request field a refusal names (OpenAI's error ``param``)
     sequences: list[RequestOutput] = field(default_factory=list)
 
     @property

@@ -76,7 +76,7 @@ class RollingBatch:
             slot, engine_request = self._prepare_one(request, formatter, slot_id)
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this request's problem
             slot = RequestSlot(request, formatter, slot_id)
-            slot.fail(_naming_field(exc), status_of(exc))
+            slot.fail(_naming_field(exc), status_of(exc), _field_of(exc))
             return slot, []
         return slot, [engine_request]
 
@@ -178,7 +178,7 @@ def error_slot(exc: BaseException, request: Optional[Request] = None, formatter:
     from djl_handlers.dialects.registry import get_formatter
 
     slot = RequestSlot(request or _error_request(), formatter or get_formatter("json", stream=False), slot_id)
-    slot.fail(_naming_field(exc), status_of(exc))
+    slot.fail(_naming_field(exc), status_of(exc), _field_of(exc))
     return slot
 
 
@@ -186,6 +186,12 @@ def _error_request() -> Request:
     from djl_handlers.params.generation import GenerationParameters
 
     return Request(prompt="", params=GenerationParameters())
+
+
+def _field_of(exc: BaseException) -> Optional[str]:
+    """The request field a refusal names (None for other failures)."""
+    field = getattr(exc, "field", None) if isinstance(exc, DjlHandlersError) else None
+    return str(field) if field else None
 
 
 def _naming_field(exc: BaseException) -> str:

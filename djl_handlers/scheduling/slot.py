@@ -90,13 +90,15 @@ class RequestSlot:
         out.finished = True
         out.finish_reason = reason
 
-    def fail(self, message: str, code: int = 424) -> None:
-        """Finish the request with an error; it gets an error record instead of text. A request
-        that already finished (or was cancelled) keeps its outcome."""
+    def fail(self, message: str, code: int = 424, field: Optional[str] = None) -> None:
+        """Finish the request with an error (naming the request ``field`` at fault, if any); it
+        gets an error record instead of text. A request that already finished (or was cancelled)
+        keeps its outcome."""
         if self.output.finished:
             return
         self.output.error = message or "request failed"
         self.output.error_code = code
+        self.output.error_field = field
         self.finish("error")
         LOG.log(logging.WARNING if code >= 500 else logging.INFO, "RequestId=[%s] failed (%d): %s",
                 self.request.properties.get(REQUEST_ID_PROPERTY, "-"), code, self.output.error)

@@ -203,6 +203,18 @@ def test_completion_echo_without_tokens_shows_the_prompt_alone() -> None:
     assert choice["logprobs"]["top_logprobs"] == [None, {" hi: ": -2.0}]
 
 
+def test_openai_error_names_the_refused_field_as_param() -> None:
+    from djl_handlers.errors import InvalidParameter
+    from djl_handlers.scheduling.rolling import error_slot
+
+    exc = InvalidParameter("logprobs must be an integer in [0, 20], got 50", field="logprobs")
+    slot = error_slot(exc, make_output(extra=EXTRA).request, get_formatter("completion_json", stream=False))
+    record = slot.record()
+    assert record["code"] == 400
+    assert json.loads(record["data"])["error"] == {"message": exc.message, "type": "invalid_request_error",
+                                                   "param": "logprobs", "code": 400}
+
+
 def test_openai_error_non_stream_and_stream() -> None:
     out = make_output(extra=EXTRA)
     out.finished, out.finish_reason, out.error, out.error_code = True, "error", "bad prompt", 400

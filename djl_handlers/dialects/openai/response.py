@@ -119,7 +119,7 @@ def usage(out: RequestOutput) -> dict[str, Any]:
 
 def openai_error(out: RequestOutput) -> dict[str, Any]:
     """Nested OpenAI error object (vLLM >= 0.10.1 layout)."""
-    return openai_error_object(error_code(out), error_message(out))
+    return openai_error_object(error_code(out), error_message(out), out.error_field)
 
 
 def openai_error_object(code: int, message: str, param: Optional[str] = None,
