@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -238,24 +238,6 @@ def top_log_probs(
         n = top_n[i]
         result[i] = list(zip(ids[j, :n].tolist(), lps[j][:n], strict=True))
     return result
-
-
-def prompt_log_probs(
-    head: Callable[[torch.Tensor], torch.Tensor],
-    hidden: torch.Tensor,
-    targets: Sequence[int],
-    chunk: int = 256,
-) -> list[float]:
-    """``log_softmax(head(hidden[j]))[targets[j]]`` for every position ``j`` of ``hidden`` [n, H]:
-    the log-prob of the token that follows position ``j`` (``decoder_input_details``), computed
-    ``chunk`` positions at a time so the [chunk, vocab] logits stay small."""
-    want = torch.as_tensor(list(targets), dtype=torch.long, device=hidden.device)
-    out: list[float] = []
-    for start in range(0, int(hidden.shape[0]), chunk):
-        x = head(hidden[start : start + chunk]).float()
-        picked = x.gather(1, want[start : start + chunk].unsqueeze(1)).squeeze(1)
-        out += (picked - torch.logsumexp(x, dim=-1)).tolist()
-    return out
 
 
 def _select(logits: torch.Tensor, rows: Sequence[RowSampling], checked: bool = False) -> torch.Tensor:
