@@ -22,36 +22,9 @@ import pytest
 from conftest_models import embedded_dir, tiny_dir  # noqa: F401
 from test_server_harness import ServerProcess
 
+from tests.parsers.chat_cases import MESSAGES, PARSER_OPTIONS, REPLY, TEMPLATE, WEATHER, literal
+
 pytestmark = pytest.mark.slow
-
-# ChatML that shows the tools in a system turn, as Hermes/Qwen templates do (written for these tests)
-TEMPLATE = """{%- if tools %}<|im_start|>system
-You may call these tools:
-{%- for tool in tools %}
-{{ tool | tojson }}
-{%- endfor %}<|im_end|>
-{% endif -%}
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{{ message.content or '' }}<|im_end|>
-{% endfor -%}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% if enable_thinking is defined and not enable_thinking %}<think>
-
-</think>
-
-{% endif %}{% endif %}"""
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
-REPLY = "The user asks about Paris.</think>Let me check." + CALL
-MESSAGES = [{"role": "user", "content": "Weather in Paris for two days?"}]
-
-
-def literal(text: str) -> str:
-    """A regular expression that matches exactly ``text``."""
-    return "".join("\\n" if c == "\n" else ("\\" + c if c in r"\.^$*+?{}[]|()" else c) for c in text)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator[ServerProcess]:  # noqa: F811
@@ -59,9 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_dir: Path) -> Iterator
     (model / "tools_chat_template.jinja").write_text(TEMPLATE)
     (model / "serving.properties").write_text("\n".join([
         "engine=Python", "option.entryPoint=djl_handlers.huggingface", f"option.model_id={tiny_dir}",
-        "option.rolling_batch=scheduler", "option.dtype=fp32", "option.reasoning_parser=deepseek_r1",
-        "option.enable_auto_tool_choice=true", "option.tool_call_parser=hermes",
-        "option.chat_template=tools_chat_template.jinja", ""]))
+        "option.rolling_batch=scheduler", "option.dtype=fp32", *PARSER_OPTIONS, ""]))
     proc = ServerProcess(model, model / "server.log")
     yield proc
     proc.stop()
