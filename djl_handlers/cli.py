@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="include the prompt in the finished-request log line (off: never logged)")
     check = sub.add_parser("check", help="validate a model directory and print its configuration")
     check.add_argument("model_dir")
+    check.add_argument("--verbose", action="store_true",
+                       help="print failures whole (e.g. every model class the engine could load)")
     generate = sub.add_parser("generate", help="run one request in process, without a server")
     generate.add_argument("model_dir")
     generate.add_argument("payload", help='request body, e.g. \'{"inputs": "Hello", "parameters": {}}\'')
@@ -71,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "check":
-            return _check(args.model_dir)
+            return _check(args.model_dir, args.verbose)
         return _generate(args.model_dir, args.payload, args.stream)
     except DjlHandlersError as exc:
         print(f"djl-handlers: error: {exc.message}", file=sys.stderr)
@@ -199,7 +201,25 @@ def _cpu(serving_config: Any) -> dict[str, Any]:
     return {"cpu": cpu}
 
 
-def _check(model_dir: str) -> int:
+def _architecture(report: dict[str, Any], verbose: bool) -> None:
+    """A generator served by the transformers engines must be a causal LM transformers can load:
+    said here, before any weight is read (the init call would fail the same way, later)."""
+    serving_config = report.get("servingConfig")
+    if report.get("modelKind", "generation") != "generation" or not isinstance(serving_config, dict):
+        return
+    if serving_config.get("engine") not in ("huggingface", "deepspeed") or not serving_config.get("model_id"):
+        return
+    from djl_handlers.engines.hf.loader import unloadable_reason
+    from djl_handlers.errors import ConfigError
+
+    found = unloadable_reason(str(serving_config["model_id"]))
+    if found:
+        short, full = found
+        raise ConfigError(f"cannot load model {serving_config['model_id']!r}: {full if verbose else short}",
+                          field="option.model_id")
+
+
+def _check(model_dir: str, verbose: bool = False) -> int:
     from djl_handlers.errors import message_of
     from djl_handlers.server.settings import load_settings
 
@@ -214,6 +234,7 @@ def _check(model_dir: str) -> int:
         report.update(_preflight(settings, lambda text: print(f"djl-handlers: warning: {text}", file=sys.stderr),
                                  handler_module))
         report["adapters"] = _adapters(settings)
+        _architecture(report, verbose)
         report.update(_cpu(report.get("servingConfig")))
     except Exception as exc:
         print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)

@@ -141,3 +141,32 @@ def test_generate_init_failure() -> None:
 def test_default_model_dir_is_the_rolling_example() -> None:
     assert default_model_dir().name == "hf-rolling-batch"
     assert default_model_dir().parent.name in ("serving.properties.examples", "examples")
+
+
+def test_a_config_the_engine_cannot_load_fails_in_a_sentence(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A vision-language folder on the text engine: check says what and why in a sentence; the full list
+    of loadable classes (hundreds) only with --verbose."""
+    transformers = pytest.importorskip("transformers")
+    transformers.LlavaConfig().save_pretrained(str(tmp_path))
+    model = _hf_dir(tmp_path, "option.rolling_batch=scheduler")
+    assert main(["check", str(model)]) == 1
+    short = capsys.readouterr().err
+    assert "LlavaConfig" in short and "vision-language" in short and "--verbose" in short
+    assert len(short) < 500 and "LlamaConfig" not in short
+    assert main(["check", "--verbose", str(model)]) == 1
+    full = capsys.readouterr().err
+    assert "LlamaConfig" in full and full.count("Config,") > 50
+
+
+def test_the_loader_shortens_transformers_list_of_classes(tmp_path: Path) -> None:
+    from djl_handlers.engines.hf.loader import short_reason
+
+    (tmp_path / "config.json").write_text('{"model_type": "bert", "architectures": ["BertModel"]}')
+    listed = ValueError("Unrecognized configuration class <class 'transformers.models.bert.configuration_bert."
+                        "BertConfig'> for this kind of AutoModel: AutoModelForCausalLM.\nModel type should be one of "
+                        + ", ".join(f"Model{i}Config" for i in range(250)))
+    text = short_reason(listed, str(tmp_path))
+    assert text.startswith("its config is BertConfig (model_type 'bert')") and "option.task" in text
+    assert "Model7Config" not in text and len(text) < 400
+    assert short_reason(OSError("no such file"), str(tmp_path)) == "no such file"

@@ -120,13 +120,80 @@ def load_model(opts: LoadOptions) -> LoadedModel:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **common)
         model: Any = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load model {model_id!r}: {exc}", field="option.model_id") from exc
+        LOG.debug("loading %s failed: %s", model_id, exc)
+        raise ConfigError(f"cannot load model {model_id!r}: {short_reason(exc, model_id)}",
+                          field="option.model_id") from exc
     device = resolve_device(opts.device)
     model.to(device)
     model.eval()
     report: dict[str, str] = {}
     if device == "cpu":
+        from djl_handlers.engines.hf.cpu.isa import dtype_advice
         from djl_handlers.engines.hf.cpu.patches import apply
 
+        advice = dtype_advice(str(model.dtype).removeprefix("torch."))
+        if advice:
+            LOG.warning(advice)
         report = apply(model, opts.hf)
     return LoadedModel(model, tokenizer, report)
+
+
+_UNRECOGNIZED = "Unrecognized configuration class"
+
+
+def short_reason(exc: BaseException, model_id: str) -> str:
+    """What failed, in a sentence or two with what to do: transformers' "Unrecognized configuration
+    class" error lists every class it could have loaded (hundreds, on one line); that list is only
+    in the DEBUG log (``djl-handlers check --verbose`` prints it too)."""
+    text = str(exc)
+    if not text.startswith(_UNRECOGNIZED):
+        return text
+    config = text.split("'", 2)[1].rsplit(".", 1)[-1] if "'" in text else "this config"
+    model_type, kind = _model_type(model_id)
+    hint = {"vision": "it is a vision-language model, which this engine does not load as a text generator",
+            "encoder": "it is an encoder model: serve it as an embedder or reranker (option.task, docs/embeddings.md)",
+            }.get(kind, "this engine serves text-generation (causal LM) models")
+    return (f"its config is {config} (model_type {model_type!r}), which transformers' AutoModelForCausalLM "
+            f"cannot load: {hint}. The classes it can load are listed in transformers' documentation "
+            f"(and by djl-handlers check --verbose)")
+
+
+def _model_type(model_id: str) -> tuple[str, str]:
+    """The folder's ``model_type`` and its kind (``vision``, ``encoder`` or ``other``), from config.json."""
+    import json
+
+    try:
+        config = json.loads((Path(model_id) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "unknown", "other"
+    model_type = str(config.get("model_type", "unknown"))
+    if "vision_config" in config or "image_token_index" in config or "image_token_id" in config:
+        return model_type, "vision"
+    archs = " ".join(config.get("architectures") or [])
+    if model_type in ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2") or (
+            "ForSequenceClassification" in archs or archs.endswith("Model")):
+        return model_type, "encoder"
+    return model_type, "other"
+
+
+def unloadable_reason(model_id: str) -> tuple[str, str] | None:
+    """Why transformers' ``AutoModelForCausalLM`` cannot load the local folder ``model_id``'s config
+    (``djl-handlers check`` asks before any weight is read): the short reason :func:`short_reason`
+    gives and the full list of configs it can load; None when it can (or when this cannot be told
+    without running the folder's own code: ``auto_map``)."""
+    path = Path(model_id)
+    if not (path / "config.json").is_file():
+        return None
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        return str(exc), str(exc)
+    if getattr(config, "auto_map", None) or type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return None
+    known = ", ".join(sorted(c.__name__ for c in MODEL_FOR_CAUSAL_LM_MAPPING.keys()))
+    full = (f"{_UNRECOGNIZED} <class '{type(config).__module__}.{type(config).__name__}'> for this kind of "
+            f"AutoModel: AutoModelForCausalLM. Model type should be one of {known}")
+    return short_reason(ValueError(full), str(path)), full
