@@ -45,11 +45,16 @@ TopTokens = list[tuple[int, float]]
 
 class PromptScores(list[float | None]):
     """One log-prob per prompt token (None where unknown: the first token), and ``top``: per
-    position, its ``top_n`` most likely ``(token_id, log_prob)`` (None where not computed)."""
+    position, its ``top_n`` most likely ``(token_id, log_prob)`` (None where not computed; ``top``
+    is None when no position's were)."""
 
     def __init__(self, lps: Sequence[float | None] = (), top: Sequence[TopTokens | None] = ()) -> None:
         super().__init__(lps)
-        self.top: list[TopTokens | None] = list(top) + [None] * max(0, len(lps) - len(top))
+        self.positions: list[TopTokens | None] = list(top) + [None] * max(0, len(lps) - len(top))
+
+    @property
+    def top(self) -> list[TopTokens | None] | None:
+        return self.positions if any(t is not None for t in self.positions) else None
 
 
 def prompt_lps(
@@ -65,7 +70,7 @@ def prompt_lps(
     """``prefix`` + the log-probs of ``targets`` predicted by ``hidden[row, start:stop]``
     (None for each when the hidden states are unknown), with each position's ``top_n`` most
     likely tokens when ``top_n`` > 0 (a ``PromptScores`` prefix keeps its own)."""
-    old_top = prefix.top if isinstance(prefix, PromptScores) else []
+    old_top = prefix.positions if isinstance(prefix, PromptScores) else []
     if hidden is None or stop <= start:
         count = max(0, stop - start)
         return PromptScores([*prefix, *([None] * count)], [*old_top, *([None] * (len(prefix) - len(old_top) + count))])
