@@ -112,36 +112,58 @@ def advance_beams(
     logits: torch.Tensor, rows: Sequence[Row], batch: Any, pending: list[int], prompt_lps: PromptLps
 ) -> list[StepOutput]:
     """One beam step for every beam request among ``rows`` (``logits`` [rows, vocab], row aligned):
-    choose the beams, copy their KV rows within the request (``batch``), write each beam row's token
-    into ``pending`` and return the request's outputs (settled tokens, or the end)."""
+    choose the beams, copy their KV rows within each request (``batch``: one index copy per layer for
+    all of them), write each beam row's token into ``pending`` and return the requests' outputs
+    (settled tokens, or the end). The log-softmax and its finiteness check run once over every beam row."""
     groups: dict[int, list[int]] = {}
     for i, row in enumerate(rows):
         if row.beam is not None and not row.done:
             groups.setdefault(id(row.beam), []).append(i)
-    outputs: list[StepOutput] = []
+    if not groups:
+        return []
     for members in groups.values():
         members.sort(key=lambda i: rows[i].beam_slot)
-        outputs += _advance_one(logits, [rows[i] for i in members], members, batch, pending,
-                                prompt_lps[members[0]] if prompt_lps is not None else None)
+    order = [i for members in groups.values() for i in members]
+    raw_all = torch.log_softmax(logits[torch.tensor(order, device=logits.device)].float(), dim=-1).cpu()
+    broken = (~torch.isfinite(raw_all).any(dim=-1) | torch.isnan(raw_all).any(dim=-1)).tolist()
+    outputs: list[StepOutput] = []
+    moves: tuple[list[int], list[int]] = ([], [])
+    start = 0
+    for members in groups.values():
+        stop = start + len(members)
+        beams = [rows[i] for i in members]
+        lp = prompt_lps[members[0]] if prompt_lps is not None else None
+        if any(broken[start:stop]):
+            outputs += _fail(beams)
+        else:
+            outputs += _advance_one(raw_all[start:stop], beams, members, pending, lp, moves)
+        start = stop
+    if moves[0] and batch is not None:
+        batch.copy_rows(*moves)
     return outputs
 
 
-def _advance_one(logits: torch.Tensor, beams: list[Row], index: list[int], batch: Any, pending: list[int],
-                 prompt_lp: list[float | None] | None) -> list[StepOutput]:
+def _fail(beams: list[Row]) -> list[StepOutput]:
     search = beams[0].beam
     assert search is not None
-    idx = torch.tensor(index, dtype=torch.long, device=logits.device)
-    raw = torch.log_softmax(logits[idx].float(), dim=-1).cpu()
-    if not bool(torch.isfinite(raw).any(dim=-1).all()) or bool(torch.isnan(raw).any()):
-        for row in beams:
-            row.done = True
-        return [StepOutput(rid, error="the model produced non-finite logits for this request")
-                for rid in search.ids if rid in search.live]
+    for row in beams:
+        row.done = True
+    return [StepOutput(rid, error="the model produced non-finite logits for this request")
+            for rid in search.ids if rid in search.live]
+
+
+def _advance_one(raw: torch.Tensor, beams: list[Row], index: list[int], pending: list[int],
+                 prompt_lp: list[float | None] | None, moves: tuple[list[int], list[int]]) -> list[StepOutput]:
+    """One request's step on its beams' log-probs ``raw``; the KV rows to copy go to ``moves`` (src, dst)."""
+    search = beams[0].beam
+    assert search is not None
     search.step(_processed(raw, beams), raw)
     parents = search.parents
     if parents != list(range(len(beams))):
-        if batch is not None:
-            batch.copy_rows([index[p] for p in parents], index)
+        for j, p in enumerate(parents):
+            if p != j:
+                moves[0].append(index[p])
+                moves[1].append(index[j])
         seen = [_clone(beams[p].sampling.seen) for p in parents]
         for row, s in zip(beams, seen, strict=True):
             row.sampling.seen = s
