@@ -95,8 +95,9 @@ class ReplyStream:
         content = split.content
         if self.tools is not None and content is not None:
             parsed = self.tools.parse(content, final, self.specs)
-            if final and self._calls and not parsed.calls:
-                parsed = self.tools.parse(content, False, self.specs)
+            sent_content = self._content and not (parsed.content or "").startswith(self._content)
+            if final and ((self._calls and not parsed.calls) or sent_content):
+                parsed = self.tools.parse(content, False, self.specs)  # keep the stream's reading
             content = parsed.content
             self._call_deltas(parsed.calls, delta)
         delta.content, self._content = _grown(self._content, content)
