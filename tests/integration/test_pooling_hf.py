@@ -141,6 +141,36 @@ def test_a_decoder_embeds_with_last_token_pooling(tiny_dir: Path) -> None:
         assert np.allclose(got, want, atol=1e-5)
 
 
+def test_dimensions_cut_a_matryoshka_model_and_refuse_others(random_embedder: Callable[[str], Path],
+                                                              tmp_path: Path) -> None:
+    import shutil
+
+    from djl_handlers.extensions import API_PROPERTY
+
+    folder = Path(shutil.copytree(random_embedder("mean"), tmp_path / "matryoshka"))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32]}), encoding="utf-8")
+
+    def ask(model: Path, dimensions: int) -> Any:
+        service = _service({"model_id": str(model), "task": "text_embedding"})
+        item = Input.from_parts({"Content-Type": "application/json", API_PROPERTY: "embeddings"},
+                                [("data", json.dumps({"input": TEXTS[:2], "dimensions": dimensions}).encode())])
+        out = service.handle(item)
+        return out.code, json.loads(bytes(out.content.value_at(0)))
+
+    code, full = ask(folder, 32)
+    assert code == 200
+    code, cut = ask(folder, 16)
+    assert code == 200 and [len(d["embedding"]) for d in cut["data"]] == [16, 16]
+    for short, whole in zip(cut["data"], full["data"], strict=True):  # Matryoshka: cut, then unit length
+        want = np.asarray(whole["embedding"][:16])
+        assert np.allclose(short["embedding"], want / np.linalg.norm(want), atol=1e-6)
+    code, refused = ask(folder, 8)
+    assert code == 400 and refused["error"]["param"] == "dimensions"
+    code, plain = ask(random_embedder("mean"), 16)
+    assert code == 400 and "Matryoshka" in plain["error"]["message"]
+
+
 @pytest.mark.parametrize("entry", ["tensorrt_llm", "deepspeed"])
 def test_other_entry_points_refuse_a_pooling_task_at_load(tmp_path: Path, entry: str) -> None:
     service = InferenceService(entry)

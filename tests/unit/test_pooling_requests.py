@@ -161,3 +161,12 @@ def test_check_names_the_kind_and_refuses_an_engine_that_does_not_serve_it(tmp_p
     embedder = preflight("djl_handlers.vllm", folder, {"model_id": folder, "task": "text_embedding",
                                                        "rolling_batch": "vllm"}, {})
     assert embedder.model_kind == EMBEDDING
+
+
+def test_a_generator_refuses_the_pooling_routes_naming_the_route() -> None:
+    from djl_handlers.dialects.dispatch import parse_request
+    from djl_handlers.request.parser import ParserSettings
+
+    with pytest.raises(InvalidRequest) as caught:
+        parse_request(_item({"input": "a"}, "embeddings"), ParserSettings(engine="huggingface"))
+    assert caught.value.field == "route" and "embedding" in caught.value.message
