@@ -3,8 +3,9 @@
 ``handle(inputs)`` answers every request of the call at once, whatever mode the configuration
 resolved: a dynamic batch (one ``batch_NNN.`` reply per request), a rolling-batch step (each
 request's one record, ``last=true``: nothing is left for a next step) or, in async mode, one request
-awaited alone (its one record). The texts of all requests of a call are run together, sorted by
-length (:class:`~djl_handlers.pooling.hf_engine.HfPoolingEngine`). A request that fails (bad input,
+(its one record), gathered with the requests awaited beside it (:mod:`.gather`). The texts of all
+requests of a call are run together, sorted by length
+(:class:`~djl_handlers.pooling.hf_engine.HfPoolingEngine`). A request that fails (bad input,
 an over-long text with truncation off) gets its own 4xx naming the field; its neighbours succeed.
 A lone request's status is the reply's; in a dynamic batch each request's status travels as
 ``batch_{i}_`` + ``extensions.STATUS_PROPERTY`` (DJL's own front end answers such a request 200 with
@@ -13,7 +14,6 @@ the error body).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -30,6 +30,7 @@ from djl_handlers.extensions import (
     TRACKING_ID_PROPERTY,
 )
 from djl_handlers.io.compat import new_output
+from djl_handlers.pooling.gather import Gatherer
 from djl_handlers.pooling.hf_engine import Encoded, HfPoolingEngine
 from djl_handlers.pooling.parse import parse_pooling
 from djl_handlers.pooling.records import PoolingRequest, PoolingResult
@@ -63,6 +64,7 @@ class PoolingService:
         self.engine = engine
         self.model_name = model_name
         self._lock = threading.Lock()  # async mode runs calls in threads: one forward at a time
+        self._gatherer: Optional[Gatherer] = None  # async mode: concurrent requests run together
 
     # -- DJL's entry ----------------------------------------------------------------------------
     def handle(self, inputs: Any) -> Any:
@@ -92,12 +94,15 @@ class PoolingService:
         return out
 
     async def _handle_async(self, inputs: Any) -> Any:
-        """Async mode: one request, its one record (``async_mode.record_output``'s shape). A cancel frame
-        is answered with None: a request here is answered in one call, there is nothing to abort."""
+        """Async mode: one request, its one record (``async_mode.record_output``'s shape), run together
+        with the requests that arrive while a forward is in progress (:mod:`.gather`, at most
+        ``option.max_rolling_batch_size``). A cancel frame is answered with None: nothing to abort."""
         tracking = str(inputs.get_property(TRACKING_ID_PROPERTY) or "")
         if inputs.is_empty() or tracking.startswith(CANCEL_TRACKING_PREFIX):
             return None
-        (status, body, stats), = await asyncio.get_running_loop().run_in_executor(None, self.answer, [inputs])
+        if self._gatherer is None:
+            self._gatherer = Gatherer(self.answer, self.config.max_rolling_batch_size)
+        status, body, stats = await self._gatherer.submit(inputs)
         out = new_output(inputs)
         out.add_property("Content-Type", "application/json")
         out.add(type(out).binary_encode(_record(status, body, stats)))

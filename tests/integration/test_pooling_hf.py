@@ -126,6 +126,39 @@ def test_rolling_batch_and_async_modes_answer_the_same_vectors(random_embedder: 
     assert asyncio.run(service.handle(cancel)) is None  # nothing in flight to abort: no reply record
 
 
+def test_async_mode_gathers_concurrent_requests(random_embedder: Callable[[str], Path]) -> None:
+    """Requests awaited while a forward runs share the next one; a bad one fails alone."""
+    from djl_handlers.io import wire
+
+    folder = str(random_embedder("mean"))
+    [want] = dynamic_batch(_service({"model_id": folder, "task": "text_embedding"}).handle, [{"inputs": TEXTS}])
+
+    async def run() -> tuple[list[Any], list[int]]:
+        service = InferenceService("huggingface")
+        await service.handle(Input.from_parts({"model_id": folder, "task": "text_embedding", "async_mode": "true"},
+                                              ()))
+        assert service.pooling is not None
+        engine, calls = service.pooling.engine, []
+        run_batches = engine.run
+
+        def counted(items: Any) -> Any:
+            calls.append(len(items))
+            return run_batches(items)
+
+        engine.run = counted  # type: ignore[method-assign]
+        bodies: list[Any] = [{"inputs": TEXTS}] * 5 + [{"inputs": []}]
+        items = [Input.from_parts({"Content-Type": "application/json", "request_tracking_id": f"r{i}"},
+                                  [("data", json.dumps(b).encode())]) for i, b in enumerate(bodies)]
+        replies = await asyncio.gather(*(service.handle(item) for item in items))
+        return [wire.binary_decode(bytes(r.content.value_at(0))) for r in replies], calls
+
+    records, calls = asyncio.run(run())
+    for record in records[:5]:
+        assert np.allclose(json.loads(record["data"]), want, atol=1e-6)
+    assert int(records[5]["code"]) == 400
+    assert sum(calls) == 5 * len(TEXTS) and len(calls) < 5  # the first request alone, the rest together
+
+
 def test_a_decoder_embeds_with_last_token_pooling(tiny_dir: Path) -> None:
     import torch
     from transformers import AutoModel, AutoTokenizer
