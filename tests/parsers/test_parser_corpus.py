@@ -99,3 +99,24 @@ def test_streamed_reply_reads_as_vllm_streams_it(case: dict[str, Any]) -> None:
     for mine, vllm in zip(ours, theirs, strict=True):
         if vllm["arguments"] is not None:
             assert mine["arguments"] == vllm["arguments"]
+
+
+def _feed(case: dict[str, Any], pieces: list[str]) -> tuple[str, str, list[tuple[str, Any]]]:
+    reasoning, tools = _parsers(case)
+    stream = ReplyStream(reasoning, tools, DATA["tools"])
+    got_reasoning, content, calls = "", "", {}
+    for i in range(len(pieces)):
+        delta = stream.extend(pieces[i], i == len(pieces) - 1)
+        got_reasoning, content = got_reasoning + delta.reasoning, content + delta.content
+        for call in delta.calls:
+            name, args = calls.get(call.index, ("", ""))
+            calls[call.index] = (name + (call.name or ""), args + call.arguments)
+    return got_reasoning, content, [(n, _args(a)) for _, (n, a) in sorted(calls.items())]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_stream_reads_the_same_whatever_its_token_boundaries(case: dict[str, Any]) -> None:
+    tok = tokenizer(tuple(DATA["markers"][case["parser"]]))
+    by_token = _feed(case, [text for text, _ in pieces(tok, case["text"])])
+    by_char = _feed(case, list(case["text"]))
+    assert by_char == by_token

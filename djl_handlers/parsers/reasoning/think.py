@@ -45,5 +45,6 @@ class ThinkParser:
             if final or shown:
                 return ReasoningSplit(None, shown, 0)
             return ReasoningSplit(None, None, 0)  # may still become reasoning
-        reasoning = held_back(text[body_at:], (self.end,), final)
+        markers = (self.end,) if opened >= 0 else (self.end, self.start)  # "<think" may still open it
+        reasoning = held_back(text[body_at:], markers, final)
         return ReasoningSplit(reasoning, None, len(text))
