@@ -93,3 +93,29 @@ def test_parsers_whose_markers_are_special_tokens_keep_them_in_the_text(reasonin
     assert (req.parameters.get("skip_special_tokens") is False) == kept
     mine = chat_to_lmi({**body, "skip_special_tokens": True}, template, reasoning=reasoning or None, tool_parser=tools)
     assert mine.parameters.get("skip_special_tokens") is True  # the client's choice wins
+
+
+def test_a_call_cut_by_the_budget_finishes_with_length() -> None:
+    import json
+
+    from djl_handlers.dialects.registry import get_formatter
+    from djl_handlers.params.generation import GenerationParameters
+    from djl_handlers.request.records import Request, RequestOutput, ResponseOptions, Token, ToolPlan
+
+    plan = ToolPlan(TOOLS, mode="auto", parser="hermes")
+    request = Request(prompt="p", params=GenerationParameters(), tools=plan, response_options=ResponseOptions("m"))
+    out = RequestOutput(request=request, prompt_tokens=3)
+    fmt = get_formatter("chat_tools_sse", stream=True)
+    frames = []
+    for i, piece in enumerate(['<tool_call>{"name": "get_weather", ', '"arguments": {"city": "Os']):
+        token = Token(i, piece, -0.1)
+        out.tokens.append(token)
+        out.new_tokens = [token]
+        if i == 1:
+            out.finished, out.finish_reason = True, "length"
+        frames.append(fmt(out))
+    events = [json.loads(e[6:]) for f in frames for e in f.split("\n\n") if e.startswith("data: {")]
+    assert any(c.get("id") for e in events for c in e["choices"][0]["delta"].get("tool_calls", []))
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    whole = json.loads(get_formatter("chat_json", stream=False)(out))["choices"][0]
+    assert whole["finish_reason"] == "length" and "tool_calls" not in whole["message"]

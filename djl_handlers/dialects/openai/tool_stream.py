@@ -14,8 +14,9 @@ carry only ``index`` and an ``arguments`` fragment — the shape the ``openai`` 
 helpers and LangChain's chunk merging expect. Text that may still become a marker waits for the
 next step; the built-in JSON reading (no ``option.tool_call_parser``) knows a reply is a call only
 once it is complete, so it sends everything at the end. The last chunk's ``finish_reason`` is
-``tool_calls`` when a call was sent; with ``parallel_tool_calls`` false only the first call is
-sent. One choice only (``n`` > 1 is refused for this stream).
+``tool_calls`` when a call was sent (``length`` when the budget cut the reply); with
+``parallel_tool_calls`` false only the first call is sent. One choice only (``n`` > 1 is refused
+for this stream).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class ToolStreamFormatter(OpenAIStreamFormatter):
             else:
                 delta = stream.extend("".join(t.text for t in out.new_tokens), False)
             events.extend(self._deltas(out, delta, chunk))
-            finish = "tool_calls" if stream.called else None
+            finish = "tool_calls" if stream.called and out.finish_reason != "length" else None
         if out.finished:
             events.append(chunk({}, finish or openai_finish_reason(out)))
             if include_usage(out):
