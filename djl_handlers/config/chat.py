@@ -6,11 +6,13 @@ error. ``option.enable_auto_tool_choice`` reads ``tool_choice: auto`` replies wi
 ``option.tool_call_parser`` (vLLM's names; required with it); without it the built-in JSON reading
 serves ``auto``. ``option.chat_template``: a file (absolute, or in the model directory) or the
 Jinja text itself, used instead of the tokenizer's. An unknown parser name fails at load, naming
-the key and the known names.
+the key and the known names; a tool-call parser without ``enable_auto_tool_choice`` is logged as
+unused (vLLM's rule: the two go together).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,8 @@ from djl_handlers.errors import ConfigError
 from djl_handlers.parsers.registry import BUILTIN_TOOL_PARSER, REASONING_PARSERS, TOOL_PARSERS
 
 __all__ = ["ChatOptions", "read_chat_options"]
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ def read_chat_options(r: Reader, model_dir: str | None) -> ChatOptions:
                           + ", ".join(sorted(REASONING_PARSERS)), field="option.reasoning_parser")
     auto = r.boolean("enable_auto_tool_choice", False)
     tools = _name(r, "tool_call_parser", tuple(sorted(TOOL_PARSERS)))
+    if tools is not None and not auto:
+        LOG.warning("option.tool_call_parser=%s is used only with option.enable_auto_tool_choice=true; "
+                    "tool_choice auto replies are read by the built-in JSON reading", tools)
     if auto and tools is None:
         raise ConfigError("option.enable_auto_tool_choice=true needs option.tool_call_parser; known parsers: "
                           + ", ".join(sorted(TOOL_PARSERS)), field="option.tool_call_parser")
