@@ -140,7 +140,7 @@ class PoolingService:
         replies = []
         for plan in plans:
             status, body = self._reply(plan, rows, failure)
-            stats: dict[str, Any] = {"kind": self.kind}
+            stats: dict[str, Any] = {"kind": self.kind, "generated_tokens": 0}  # a pooled answer generates none
             if isinstance(plan, _Plan):
                 stats.update(prompt_tokens=plan.tokens, inputs=plan.request.size)
             if sizes:
