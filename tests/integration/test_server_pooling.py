@@ -120,3 +120,25 @@ def test_minilm_vectors_on_every_route_equal_encode(embedder: ServerProcess, min
     assert full.status_code == 200 and len(full.json()["data"][0]["embedding"]) == 384
     assert short.status_code == 400 and short.json()["error"]["param"] == "dimensions"
     assert long.status_code == 400 and long.json()["error"]["param"] == "input[1]"
+
+
+def test_async_mode_server_answers_and_isolates_a_bad_request(tmp_path: Path, cross_encoder_dir: Path) -> None:
+    """DJL 0.35+'s async mode (each request awaited alone; the handler gathers concurrent ones)."""
+    model = shutil.copytree(ROOT / "serving.properties.examples" / "hf-reranker", tmp_path / "hf-reranker")
+    props = model / "serving.properties"
+    props.write_text(props.read_text(encoding="utf-8").replace("batch_size=16", "batch_size=1")
+                     + "option.async_mode=true\noption.rolling_batch=disable\n", encoding="utf-8")
+    server = ServerProcess(model, tmp_path / "server.log")
+    try:
+        bodies: list[Any] = [{"query": "q", "documents": TEXTS}] * 4 + [{"query": "q", "documents": []}]
+        with ThreadPoolExecutor(5) as pool:
+            replies = list(pool.map(lambda b: httpx.post(server.url + "/v1/rerank", json=b, timeout=120), bodies))
+        with server.client() as client:
+            mode = client.get("/models/hf-reranker").json()[0]["mode"]
+            lmi = client.post("/invocations", json={"query": "q", "texts": TEXTS}).json()
+    finally:
+        server.stop()
+    assert mode == "async" and [r.status_code for r in replies] == [200] * 4 + [400]
+    assert replies[4].json()["error"]["param"] == "documents"
+    want = _predict(cross_encoder_dir, [("q", t) for t in TEXTS])
+    assert np.abs(np.asarray(lmi)[:, 0] - want).max() < 1e-4
