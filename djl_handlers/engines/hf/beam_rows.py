@@ -154,21 +154,31 @@ def _fail(beams: list[Row]) -> list[StepOutput]:
 
 def _advance_one(raw: torch.Tensor, beams: list[Row], index: list[int], pending: list[int],
                  prompt_lp: list[float | None] | None, moves: tuple[list[int], list[int]]) -> list[StepOutput]:
-    """One request's step on its beams' log-probs ``raw``; the KV rows to copy go to ``moves`` (src, dst)."""
+    """One request's step on its beams' log-probs ``raw`` (``beams`` in slot order at batch rows ``index``).
+    A new beam takes over its parent's batch row where it is the parent's first child (no copy); a
+    further child takes the row of a beam that has none, and that row's KV copy goes to ``moves``
+    (src, dst): a request copies only as many KV rows as it has beams sharing a parent."""
     search = beams[0].beam
     assert search is not None
     search.step(_processed(raw, beams), raw)
     parents = search.parents
-    if parents != list(range(len(beams))):
-        for j, p in enumerate(parents):
-            if p != j:
-                moves[0].append(index[p])
-                moves[1].append(index[j])
-        seen = [_clone(beams[p].sampling.seen) for p in parents]
-        for row, s in zip(beams, seen, strict=True):
-            row.sampling.seen = s
-    for row, slot, token in zip(beams, index, search.tokens, strict=True):
-        pending[slot] = token
+    free = [q for q in range(len(beams)) if q not in set(parents)]  # beams left without a child
+    taken: set[int] = set()
+    places: list[int] = []  # the slot (old) whose batch row beam j takes
+    for p in parents:
+        if p in taken:
+            q = free.pop()
+            moves[0].append(index[p])
+            moves[1].append(index[q])
+            beams[q].sampling.seen = _clone(beams[p].sampling.seen)
+            places.append(q)
+        else:
+            taken.add(p)
+            places.append(p)
+    rows = [beams[q] for q in places]
+    for j, (row, q, token) in enumerate(zip(rows, places, search.tokens, strict=True)):
+        row.beam_slot = j
+        pending[index[q]] = token
         row.sampling.observe(token)
     return _report(search, beams, prompt_lp)
 
