@@ -233,11 +233,11 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
         kwargs["min_p"] = p.min_p
     if p.logprobs is not None:
         kwargs["logprobs"] = p.logprobs
-    if p.prompt_logprobs is not None:
-        kwargs["prompt_logprobs"] = p.prompt_logprobs
     if sample_count(p) > 1:  # every sample is a sequence; its log-probs rank them (params/samples.py)
         kwargs["n"] = sample_count(p)
         kwargs["logprobs"] = max(kwargs.get("logprobs") or 0, 1)
+    if p.prompt_logprobs is not None:
+        kwargs["prompt_logprobs"] = p.prompt_logprobs
     for name in _TRT_OPTIONAL:
         if name in p.provided:
             kwargs[name] = getattr(p, name)
