@@ -12,7 +12,6 @@ from typing import Any
 from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.engines.external.common import resolve_model
 from djl_handlers.engines.external.vllm_parallel import parallel_kwargs
-
 from djl_handlers.engines.external.vllm_parsers import check_vllm_parsers
 
 LOG = logging.getLogger(__name__)
