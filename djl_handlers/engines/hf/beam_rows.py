@@ -6,8 +6,9 @@ forked into ``num_beams`` rows whose KV starts as copies of the prefilled one (`
 way ``n`` samples fork). Every step, after the shared forward, :func:`advance_beams` takes the
 request's rows' logits, applies the request's processors to their log-probabilities (repetition
 penalty, ``min_new_tokens``) and lets :class:`~djl_handlers.engines.hf.beams.BeamSearch` choose the
-next beams; each beam row then takes the KV row of the beam it continues (a copy within the
-request's own rows) and its new token. Other rows are untouched.
+next beams. A new beam that is its parent's first child keeps the parent's row (its slot number
+moves); a further child of one parent takes the row of a beam left without a child and a copy of the
+parent's KV row (one index copy per layer for all beam requests of the step). Other rows are untouched.
 
 A beam request reports only settled tokens (``BeamSearch.settled``, the prefix no later step can
 change) as they grow, and when the search ends the rest of its best hypothesis, the last token with
