@@ -5,7 +5,8 @@ task, both from ``tests/lm_eval_tasks`` (no download: the hub and datasets are o
 is the embedded model's folder).
 
 Checked: every request is answered; each choice's log-likelihood is within 0.05 of transformers'
-own forward over the same tokens, and the accuracy is the one those give. With
+own forward over the same tokens, and the accuracy is the one those give; each generation is
+transformers' greedy ``generate()`` text, cut where lm_eval cuts it. With
 ``DJL_HANDLERS_LM_EVAL_VLLM=1`` (and ``.venv-vllm``) the same run against ``vllm serve`` on the same
 folder must give the same accuracy, exact match and texts, and log-likelihoods within 0.05; the
 summary is printed (``-s``) — docs/compatibility.md records it.
@@ -70,9 +71,10 @@ def run_lm_eval(url: str, tokenizer: Path, out: Path) -> dict[str, Any]:
                       for line in path.read_text().splitlines()] for task in (MC, GEN)}
     return {
         "acc": metrics[MC]["acc,none"],
-        "exact_match": metrics[GEN]["exact_match,none"],
+        "exact_match": metrics[GEN]["exact_match,strip"],
         "mc": {s["doc_id"]: s for s in samples[MC]},
         "gen": {s["doc_id"]: s["resps"][0][0] for s in samples[GEN]},
+        "gen_samples": {s["doc_id"]: s for s in samples[GEN]},
     }
 
 
@@ -111,7 +113,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory, embedded_dir: Path) -> dict[s
 
 def test_lm_eval_gives_transformers_log_likelihoods(ours: dict[str, Any], real_model: Any) -> None:  # noqa: F811
     model, tokenizer = real_model
-    assert len(ours["mc"]) == 12 and len(ours["gen"]) == 6
+    assert len(ours["mc"]) == 12 and len(ours["gen"]) == 10
     correct = 0
     for sample in ours["mc"].values():
         got = choice_lls(sample)
@@ -121,6 +123,19 @@ def test_lm_eval_gives_transformers_log_likelihoods(ours: dict[str, Any], real_m
         assert got == pytest.approx(expected, abs=TOLERANCE)
         correct += int(max(range(len(expected)), key=expected.__getitem__) == int(sample["target"]))
     assert ours["acc"] == pytest.approx(correct / len(ours["mc"]))
+
+
+def test_lm_eval_generations_are_transformers_greedy_text(ours: dict[str, Any], real_model: Any) -> None:  # noqa: F811
+    model, tokenizer = real_model
+    for doc, sample in ours["gen_samples"].items():
+        args = sample["arguments"]["gen_args_0"]
+        ids = torch.tensor([tokenizer.encode(args["arg_0"], add_special_tokens=False)])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=args["arg_1"]["max_gen_toks"], do_sample=False)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        for stop in args["arg_1"]["until"]:
+            text = text.split(stop)[0]
+        assert ours["gen"][doc] == text
 
 
 @contextlib.contextmanager
