@@ -8,7 +8,11 @@ size (32). Reported per round: texts per second of each, the ratio served / ``en
 requests' latency p50/p99; medians over rounds (the two alternate, the server staying up). Both use
 every core they are given; on a shared machine compare ratios, not absolute figures.
 
-    python -m benchmarks.embeddings [--clients 64] [--requests 256] [--rounds 3] [--quick]
+With ``--vllm`` (``.venv-vllm`` present) vLLM's OpenAI server (what ``vllm serve --runner pooling``
+runs) serves the same folder too, started with its defaults, and gets the same requests in the same
+rounds: the ratio served / vLLM is reported beside the other.
+
+    python -m benchmarks.embeddings [--clients 64] [--requests 256] [--rounds 3] [--vllm] [--quick]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 from benchmarks.common import ROOT, context, median, pct, print_table, rnd, stop_process, write_report
 
 EXAMPLE = ROOT / "serving.properties.examples" / "hf-embedding"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def _workload(requests: int, seed: int, tokenizer: Any) -> list[list[str]]:
@@ -56,6 +61,33 @@ def _start_server(log: Path) -> tuple[subprocess.Popen[str], str]:
         if "serving" in line and "http://" in line:
             return proc, line.split("http://", 1)[1].split()[0].rstrip("/")
     raise RuntimeError(f"the server did not start; see {log}")
+
+
+def _start_vllm(folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """vLLM's OpenAI server in pooling mode on ``folder``, fp32; returns (process, host:port)."""
+    import os
+    import urllib.request
+
+    from benchmarks.server import free_port
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+                             "--runner", "pooling", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+                             "--enforce-eager"], env=env, cwd=str(ROOT), stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited with {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return proc, f"127.0.0.1:{port}"
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"vLLM's server did not start; see {log}")
 
 
 def _served(url: str, batches: list[list[str]], clients: int) -> dict[str, Any]:
@@ -91,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--vllm", action="store_true", help="also vLLM's OpenAI server in pooling mode")
     parser.add_argument("--quick", action="store_true", help="32 requests, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -101,29 +134,46 @@ def main(argv: list[str] | None = None) -> int:
 
     started = context()
     model = SentenceTransformer(str(embedder_dir()), device="cpu")
-    log = Path(tempfile.mkdtemp(prefix="bench-embed-log-")) / "server.log"
-    proc, url = _start_server(log)
+    logs = Path(tempfile.mkdtemp(prefix="bench-embed-log-"))
+    servers: dict[str, tuple[Any, str]] = {"served": _start_server(logs / "server.log")}
     rows = []
     try:
-        _served(url, _workload(8, 99, model.tokenizer), 8)  # warm-up
+        if args.vllm:
+            servers["vllm"] = _start_vllm(embedder_dir(), logs / "vllm.log")
+        for _, url in servers.values():
+            _served(url, _workload(8, 99, model.tokenizer), 8)  # warm-up
         for index in range(args.rounds):
-            batches = _workload(args.requests, index, model.tokenizer)
-            first, second = (_served, _encode) if index % 2 == 0 else (_encode, _served)
-            results = {fn.__name__: fn(url, batches, args.clients) if fn is _served else fn(model, batches)
-                       for fn in (first, second)}
-            served, reference = results["_served"], results["_encode"]
-            rows.append({"round": index, "texts": sum(len(b) for b in batches),
-                         "served_texts_per_s": rnd(served["texts_per_s"], 1),
-                         "encode_texts_per_s": rnd(reference["texts_per_s"], 1),
-                         "ratio": rnd(served["texts_per_s"] / reference["texts_per_s"]),
-                         "p50_s": rnd(served["p50_s"]), "p99_s": rnd(served["p99_s"])})
+            rows.append(_round(index, args, model, {name: url for name, (_, url) in servers.items()}))
     finally:
-        stop_process(proc)
+        for proc, _ in servers.values():
+            stop_process(proc)
     print_table(rows, list(rows[0]), f"MiniLM embeddings, {args.clients} clients")
-    summary = {"ratio_median": median([r["ratio"] for r in rows]), "rounds": rows, "clients": args.clients}
-    print(json.dumps({"ratio_median": summary["ratio_median"]}))
+    summary: dict[str, Any] = {"ratio_median": median([r["ratio"] for r in rows]), "rounds": rows,
+                               "clients": args.clients}
+    if args.vllm:
+        summary["ratio_vllm_median"] = median([r["ratio_vllm"] for r in rows])
+    print(json.dumps({k: v for k, v in summary.items() if k.startswith("ratio")}))
     write_report("embeddings", summary, args.quick, started)
     return 0
+
+
+def _round(index: int, args: argparse.Namespace, model: Any, urls: dict[str, str]) -> dict[str, Any]:
+    """One round: every contender on the same requests, the order rotating with the round."""
+    batches = _workload(args.requests, index, model.tokenizer)
+    names = [*urls, "encode"]
+    names = names[index % len(names):] + names[:index % len(names)]
+    results = {name: _encode(model, batches) if name == "encode" else _served(urls[name], batches, args.clients)
+               for name in names}
+    served, reference = results["served"], results["encode"]
+    row = {"round": index, "texts": sum(len(b) for b in batches),
+           "served_texts_per_s": rnd(served["texts_per_s"], 1), "encode_texts_per_s": rnd(reference["texts_per_s"], 1),
+           "ratio": rnd(served["texts_per_s"] / reference["texts_per_s"]),
+           "p50_s": rnd(served["p50_s"]), "p99_s": rnd(served["p99_s"])}
+    if "vllm" in results:
+        row.update(vllm_texts_per_s=rnd(results["vllm"]["texts_per_s"], 1),
+                   ratio_vllm=rnd(served["texts_per_s"] / results["vllm"]["texts_per_s"]),
+                   vllm_p50_s=rnd(results["vllm"]["p50_s"]))
+    return row
 
 
 if __name__ == "__main__":
