@@ -257,3 +257,12 @@ def test_more_sequences_than_beams_is_refused(tiny_model: Any) -> None:
         engine.add_request(EngineRequest(1, tok.encode("hi"), GenerationParameters(num_beams=2, n=3),
                                          sample_ids=(2, 3)))
     assert err.value.field == "n"
+
+
+def test_dynamic_batching_answers_that_beams_need_the_rolling_batch(tiny_model: Any) -> None:
+    model, tok = tiny_model
+    engine = HFEngine(model, tok)
+    beam, plain = engine.generate_static([EngineRequest(1, tok.encode("hi"), beams(2, max_new=3)),
+                                          EngineRequest(2, tok.encode("hi"), GenerationParameters(max_new_tokens=3))])
+    assert len(beam) == 1 and "rolling batch" in (beam[0].error or "")
+    assert [o.error for o in plain] == [None] * 3
