@@ -13,6 +13,10 @@ run under an :class:`~djl_handlers.scheduling.async_driver.AsyncDriver` (their o
 engines with a native asynchronous API (:class:`~djl_handlers.engines.base.AsyncEngine`: vLLM's
 ``AsyncLLM``, TensorRT-LLM's ``generate_async``) are awaited directly on the event loop.
 
+Stateful sessions (LMI's ``requestType`` NEW_SESSION/CLOSE and the session header) are screened
+before parsing by :class:`~djl_handlers.sessions.gate.SessionGate`; a request served in a session
+carries its id to the engine.
+
 Cancellation: a frame tagged ``cancel-...`` whose property ``djl_handlers_cancel`` names another
 request's ``request_tracking_id`` finishes that request in the engine (our front end sends it when a
 client goes away or a request times out); closing a request's reply generator does the same.
@@ -40,6 +44,7 @@ from djl_handlers.extensions import (
 from djl_handlers.io.compat import new_output
 from djl_handlers.scheduling.async_driver import AsyncDriver, Subscription
 from djl_handlers.scheduling.rolling import RollingBatch, error_slot
+from djl_handlers.sessions.gate import SessionGate
 
 if TYPE_CHECKING:
     from djl_handlers.service import InferenceService
@@ -60,8 +65,10 @@ def record_output(like: Any, record: dict[str, Any], content_type: str) -> Any:
 class AsyncMode:
     """One request per awaited call (see the module docstring); built by the service at init."""
 
-    def __init__(self, service: InferenceService, batch: RollingBatch, max_running: int) -> None:
+    def __init__(self, service: InferenceService, batch: RollingBatch, max_running: int,
+                 sessions: Optional[SessionGate] = None) -> None:
         self._service = service
+        self._sessions = sessions
         self._batch = batch
         self._native = _native_async(batch.engine)
         self._driver: Optional[AsyncDriver] = None
@@ -88,6 +95,16 @@ class AsyncMode:
         if target and tracking.startswith(CANCEL_TRACKING_PREFIX):  # a client's header is no cancel frame
             self.cancel(str(target))
             return None
+        session = None
+        if self._sessions is not None:  # LMI's stateful sessions (sessions/gate.py)
+            screened = self._sessions.screen(inputs)
+            if screened.reply is not None:
+                record, properties = screened.reply
+                out = record_output(inputs, record, "application/json")
+                for key, value in properties.items():
+                    out.add_property(key, value)
+                return out
+            session = screened.session
         try:
             request = self._service.parse_one(inputs)
         except DjlHandlersError as exc:
@@ -96,6 +113,10 @@ class AsyncMode:
 
             slot = error_slot(exc, formatter=error_formatter(inputs.get_property(API_PROPERTY)))
             return record_output(inputs, slot.record(), slot.content_type)
+        if session is not None:
+            request.session = session
+            for part in request.per_prompt:
+                part.session = session
         if self._native is not None:
             run = _NativeRun(self._batch, self._native, request)
             return self._replies(inputs, tracking, run, run.records())

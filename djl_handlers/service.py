@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from djl_handlers.async_mode import AsyncMode, record_output
 from djl_handlers.config.kinds import GENERATION, detect_kind
 from djl_handlers.config.resolve import check_async_mode
+from djl_handlers.config.sessions import check_sessions_mode
 from djl_handlers.custom_hooks import CustomHooks, load_hooks
 from djl_handlers.dialects.dispatch import parse_request
 from djl_handlers.dialects.registry import error_formatter
@@ -88,6 +89,7 @@ class InferenceService:
         check_async_mode(props)  # async mode beside a rolling batch would never answer on DJL
         if not config.async_mode and _awaited_without_async_mode(props):
             config = replace(config, async_mode=True)  # engines with an async API build it (vLLM)
+        check_sessions_mode(config.sessions, config.async_mode)  # sessions are answered in async mode only
         self.kind = detect_kind(config.pooling.task, config.model_id)
         if self.kind != GENERATION:  # an embedder or a reranker: its own service, never generation
             self._initialize_pooling(config)
@@ -119,8 +121,10 @@ class InferenceService:
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if is_async:  # one request per awaited call; the engine loop is ours
+            from djl_handlers.sessions.gate import SessionGate
+
             self.async_mode = AsyncMode(self, RollingBatch(engine, self._formatter_for),
-                                        config.max_rolling_batch_size)
+                                        config.max_rolling_batch_size, SessionGate(config.sessions, engine))
         elif rolling:
             self.rolling = RollingBatch(engine, self._formatter_for)
         self.config = config

@@ -21,6 +21,7 @@ from djl_handlers.config.kinds import PoolingOptions, read_pooling
 from djl_handlers.config.parallel import ParallelOptions, read_parallel
 from djl_handlers.config.reader import Reader
 from djl_handlers.config.resolve import is_async_value
+from djl_handlers.config.sessions import SessionOptions, read_session_options
 from djl_handlers.config.speculative import read_speculative_json
 from djl_handlers.errors import ConfigError
 
@@ -281,6 +282,7 @@ class ServingConfig:
     parallel: ParallelOptions = field(default_factory=ParallelOptions)
     pooling: PoolingOptions = field(default_factory=PoolingOptions)  # the embedding/rerank kinds (config/kinds.py)
     chat: ChatOptions = field(default_factory=ChatOptions)  # reasoning and tool-call parsers (config/chat.py)
+    sessions: SessionOptions = field(default_factory=SessionOptions)  # LMI's stateful sessions (config/sessions.py)
     raw: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -310,6 +312,7 @@ class ServingConfig:
             parallel=read_parallel(reader, common["device"], name),
             pooling=read_pooling(reader),
             chat=read_chat_options(reader, common["model_dir"]),
+            sessions=read_session_options(reader),
             raw={str(k): str(v) for k, v in options.items()},
         )
 

@@ -110,6 +110,14 @@ def check_async_mode(options: Mapping[str, object]) -> None:
                           "would run its rolling-batch loop against the async handler", field="option.rolling_batch")
 
 
+def _check_sessions(options: Mapping[str, str]) -> None:
+    """``option.enable_stateful_sessions=true`` needs async mode (config/sessions.py)."""
+    from djl_handlers.config.reader import Reader
+    from djl_handlers.config.sessions import check_sessions_mode, read_session_options
+
+    check_sessions_mode(read_session_options(Reader(options, {})), is_async_value(options.get("async_mode")))
+
+
 def mode_of(options: Mapping[str, object]) -> str:
     """``async``, ``rolling`` or ``dynamic`` from the (already resolved) option map — the handler's rule."""
     if is_async_value(options.get("async_mode")):
@@ -325,6 +333,7 @@ def resolve_model(model_dir: str | os.PathLike[str], env: Mapping[str, str] | No
     props, changes, config_file = recommend(props, path, env, rules)
     server, options = split_properties(props)
     check_async_mode(options)
+    _check_sessions(options)
     entry_point = resolve_entry_point(path, ModelProperties(str(path), server, options), env)
     return ResolvedModel(
         model_name=path.name, model_dir=str(path), entry_point=entry_point, server=server,

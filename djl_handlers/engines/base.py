@@ -34,6 +34,7 @@ class EngineRequest:
     prompt: str = ""
     adapter: Optional[str] = None
     sample_ids: tuple[int, ...] = ()
+    session: Optional[str] = None  # the stateful session it belongs to (the HF engine pins its prefix)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,7 @@ class Request:
     add_special_tokens: Optional[bool] = None
     prompt_ids: Optional[tuple[int, ...]] = None
     per_prompt: tuple[Request, ...] = ()
+    session: Optional[str] = None  # the LMI stateful session it is served in (async mode; sessions/)
 
     def adapter_of(self, index: int = 0) -> Optional[str]:
         """The adapter of prompt ``index`` (None: the base model)."""

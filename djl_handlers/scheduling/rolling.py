@@ -89,7 +89,8 @@ class RollingBatch:
             group = SampleGroup(request, formatter, ids, prompt_ids, tokenizer=self.engine.tokenizer,
                                 eos_token_ids=self.engine.eos_token_ids, max_model_len=self.engine.max_model_len,
                                 release=self._release_id, seed_of=getattr(self.engine, "sample_seed", sample_seed))
-            return group, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter, tuple(ids[1:]))
+            return group, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter, tuple(ids[1:]),
+                                        session=request.session)
         slot = RequestSlot(
             request,
             formatter,
@@ -99,7 +100,8 @@ class RollingBatch:
             eos_token_ids=self.engine.eos_token_ids,
             max_model_len=self.engine.max_model_len,
         )
-        return slot, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter)
+        return slot, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter,
+                                   session=request.session)
 
     def add_error(
         self, exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None

@@ -359,6 +359,16 @@ class HFEngine:
         ``/metrics`` next to :meth:`kv_cache_usage`."""
         return self.prefix_cache.stats() if self.prefix_cache is not None else {}
 
+    def open_session(self, session: str, expires: float) -> None:
+        """A stateful session opened (sessions/gate.py): its requests pin their prefix-cache blocks."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.open_session(session, expires)
+
+    def close_session(self, session: str) -> None:
+        """A stateful session closed or expired: its prefix-cache pins are released."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.close_session(session)
+
     def spec_decode_stats(self) -> dict[str, Any]:
         """Speculative decoding's counters (empty when it is off); read by the service for ``/metrics``."""
         return self.speculator.stats() if self.speculator is not None else {}

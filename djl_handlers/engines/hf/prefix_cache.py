@@ -15,6 +15,16 @@ Bound: ``option.prefix_cache_memory_bytes`` (default 1 GiB); past it the least r
 go, the deepest blocks of a chain first (a hit refreshes a chain from its last block to its first),
 so a chain is cut from its end and its remaining blocks stay reachable.
 
+Sessions (LMI's stateful sessions, :mod:`djl_handlers.sessions`): a request served in an open
+session pins the digest chain of its prompt to the session (a later turn's chain replaces the
+earlier one: a chat resends its conversation, so the new chain holds the old one), and eviction
+passes pinned blocks by, so the session's next turn finds its conversation even after other traffic
+filled the cache. Pinned blocks stay in ``bytes`` and count against the bound: when only pinned
+blocks are left above it, the pins of the session opened first yield (its blocks become ordinary
+LRU blocks) until the cache fits. Closing a session, or its expiry, releases its pins. Sessions are
+opened and closed from the server's event loop while the engine steps on its own thread: those
+calls only queue the change, applied by the engine thread on its next use of the cache.
+
 Counters, in tokens as vLLM's ``prefix_cache_queries``/``prefix_cache_hits``: ``queries`` the prompt
 tokens of every request admitted while the cache is on, ``hits`` the tokens served from the cache.
 
@@ -25,8 +35,9 @@ every prompt position: it neither reads the cache nor skips its prefill (its blo
 from __future__ import annotations
 
 import hashlib
+import time
 from array import array
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +67,14 @@ def prompt_kv(layers: Sequence[Any], row: int, start: int, stop: int) -> list[tu
     return [(layer.keys[row, :, start:stop], layer.values[row, :, start:stop]) for layer in layers]
 
 
+@dataclass
+class _Pins:
+    """One open session's pinned chain and its expiry (epoch seconds)."""
+
+    expires: float
+    chain: tuple[bytes, ...] = ()
+
+
 def _salt(row: Row) -> bytes:
     lora = row.lora
     if lora is None:
@@ -73,6 +92,10 @@ class PrefixCache:
         self.bytes = 0
         self.queries = 0
         self.hits = 0
+        self.yielded = 0  # sessions whose pins yielded to the memory bound
+        self._sessions: OrderedDict[str, _Pins] = OrderedDict()  # in the order they were opened
+        self._pinned: dict[bytes, int] = {}  # digest -> how many sessions pin it
+        self._changes: deque[tuple[str, float | None]] = deque()  # (session, expiry; None: closed)
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -123,7 +146,8 @@ class PrefixCache:
 
     def store(self, row: Row, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Copy the full blocks of ``row``'s prompt that are not cached yet out of its prefilled KV:
-        ``layers[i]`` = that layer's ``(keys, values)`` of the prompt's tokens, ``[kv_heads, len, head_dim]``."""
+        ``layers[i]`` = that layer's ``(keys, values)`` of the prompt's tokens, ``[kv_heads, len, head_dim]``;
+        a row of an open session then pins its chain to the session."""
         chain = self.digests(row)
         for index in reversed(range(len(chain))):
             digest = chain[index]
@@ -137,12 +161,73 @@ class PrefixCache:
             self._blocks[digest] = _Block(keys, values, size)
             self._blocks.move_to_end(digest, last=True)
             self.bytes += size
+        self._apply_changes()
+        session = row.request.session
+        if session is not None and session in self._sessions:
+            self._pin(session, tuple(chain))
         self._evict()
+
+    # -- sessions -----------------------------------------------------------------------------
+    def open_session(self, session: str, expires: float) -> None:
+        """Open ``session`` (until epoch ``expires``); safe from any thread (applied on next use)."""
+        self._changes.append((session, expires))
+
+    def close_session(self, session: str) -> None:
+        """Release ``session``'s pins; safe from any thread (applied on next use)."""
+        self._changes.append((session, None))
+
+    def pinned_blocks(self, session: str | None = None) -> int:
+        """How many cached blocks ``session`` (None: any session) pins."""
+        self._apply_changes()
+        if session is None:
+            return sum(1 for digest in self._pinned if digest in self._blocks)
+        pins = self._sessions.get(session)
+        return 0 if pins is None else sum(1 for digest in pins.chain if digest in self._blocks)
+
+    def _apply_changes(self) -> None:
+        while self._changes:
+            session, expires = self._changes.popleft()
+            if expires is None:
+                self._release(session)
+            elif session not in self._sessions:
+                self._sessions[session] = _Pins(expires)
+        now = time.time()
+        for session in [s for s, pins in self._sessions.items() if now > pins.expires]:
+            self._release(session)
+
+    def _pin(self, session: str, chain: tuple[bytes, ...]) -> None:
+        pins = self._sessions[session]
+        self._unpin(pins.chain)
+        pins.chain = chain
+        for digest in chain:
+            self._pinned[digest] = self._pinned.get(digest, 0) + 1
+
+    def _unpin(self, chain: tuple[bytes, ...]) -> None:
+        for digest in chain:
+            left = self._pinned[digest] - 1
+            if left:
+                self._pinned[digest] = left
+            else:
+                del self._pinned[digest]
+
+    def _release(self, session: str) -> None:
+        pins = self._sessions.pop(session, None)
+        if pins is not None:
+            self._unpin(pins.chain)
 
     def _evict(self) -> None:
         while self.bytes > self.memory_bytes and self._blocks:
-            _, block = self._blocks.popitem(last=False)
-            self.bytes -= block.nbytes
+            for digest in [d for d in self._blocks if d not in self._pinned]:  # least recently used first
+                if self.bytes <= self.memory_bytes:
+                    return
+                self.bytes -= self._blocks.pop(digest).nbytes
+            holders = [pins for pins in self._sessions.values() if pins.chain]
+            if self.bytes <= self.memory_bytes or not holders:
+                return
+            oldest = holders[0]  # only pinned blocks are left: the session opened first yields its pins
+            self._unpin(oldest.chain)
+            oldest.chain = ()
+            self.yielded += 1
 
     def stats(self) -> dict[str, int]:
         """The cumulative counters and the cache's size, for ``/metrics``."""
