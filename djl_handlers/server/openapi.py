@@ -23,6 +23,7 @@ from djl_handlers.request.parser import TOP_LEVEL_KEYS
 from djl_handlers.server.access import PROBES, AccessSettings
 from djl_handlers.server.openapi_pooling import pooling_paths
 from djl_handlers.server.openapi_schemas import component_schemas, ref
+from djl_handlers.sessions.gate import HEADER_CLOSED_SESSION_ID, HEADER_SESSION_ID, REQUEST_TYPES
 
 __all__ = ["openapi_document"]
 
@@ -30,6 +31,17 @@ _JSON, _SSE, _LINES, _TEXT = "application/json", "text/event-stream", "applicati
 _DONE = {"const": "[DONE]"}
 _ADAPTER_HEADER = {"name": "X-Amzn-SageMaker-Adapter-Identifier", "in": "header", "required": False,
                    "schema": {"type": "string"}, "description": "the LoRA adapter to answer with"}
+# LMI's stateful sessions (option.enable_stateful_sessions, async mode; docs/chat.md)
+_SESSION_HEADER = {"name": HEADER_SESSION_ID, "in": "header", "required": False, "schema": {"type": "string"},
+                   "description": "the stateful session to serve the request in (an unknown one: 424)"}
+_SESSION_REQUEST = {"type": "object", "required": ["requestType"],
+                    "properties": {"requestType": {"enum": list(REQUEST_TYPES)}}}
+_SESSION_RESULT = {"type": "object", "required": ["result"], "additionalProperties": False,
+                   "properties": {"result": {"type": "string"}}}
+_SESSION_HEADERS = {
+    HEADER_SESSION_ID: {"description": "NEW_SESSION's answer: '<id>; Expires=<UTC>'", "schema": {"type": "string"}},
+    HEADER_CLOSED_SESSION_ID: {"description": "CLOSE's answer: the closed session's id", "schema": {"type": "string"}},
+}
 
 
 def _any(*names: str, extra: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
@@ -143,22 +155,25 @@ def _events(*names: str, done: bool = False) -> dict[str, Any]:
 
 def _inference(bodies: _Bodies) -> dict[str, Any]:
     lmi_ok = {_JSON: {"schema": _any("LmiResult", "LmiResults", "ThreePResult", "ChatCompletion", "Completion",
-                                      "TgiResults")},
+                                      "TgiResults", extra=(_SESSION_RESULT,))},
               _LINES: _streams("LmiStreamLine", "LmiOutputsLine", "ThreePResult", "ChatCompletionChunk", "Completion",
                                "RecordError"),
               _SSE: _events("LmiStreamLine", "TgiStreamEvent", "ChatCompletionChunk", "Completion", "OpenAIError",
                             "TgiError", "RecordError", done=True),
               _TEXT: {"schema": {"type": "string"}}}
     lmi_errors = ("DjlError", "HandlerError", "RecordError", "LmiResult", "OpenAIError", "TgiError", "ThreePResult")
-    lmi_body = _json_body({"anyOf": [bodies.lmi(), bodies.openai(CHAT), bodies.openai(COMPLETION)]}, text=True)
+    lmi_body = _json_body({"anyOf": [bodies.lmi(), bodies.openai(CHAT), bodies.openai(COMPLETION), _SESSION_REQUEST]},
+                          text=True)
 
     def lmi(summary: str) -> dict[str, Any]:
-        return {"summary": summary, "parameters": [_ADAPTER_HEADER], "requestBody": lmi_body,
-                "responses": _ok(lmi_ok, lmi_errors)}
+        responses = _ok(lmi_ok, lmi_errors)
+        responses["200"]["headers"] = _SESSION_HEADERS
+        return {"summary": summary, "parameters": [_ADAPTER_HEADER, _SESSION_HEADER], "requestBody": lmi_body,
+                "responses": responses}
 
     def openai(api: str, whole: str, chunk: str) -> dict[str, Any]:
         content = {_JSON: {"schema": ref(whole)}, _SSE: _events(chunk, "OpenAIError", done=True)}
-        return {"post": {"summary": f"OpenAI {api}", "parameters": [_ADAPTER_HEADER],
+        return {"post": {"summary": f"OpenAI {api}", "parameters": [_ADAPTER_HEADER, _SESSION_HEADER],
                          "requestBody": _json_body(bodies.openai(api)),
                          "responses": _ok(content, ("OpenAIError", "DjlError"))}}
 

@@ -135,3 +135,16 @@ def test_options_are_checked_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="option.enable_stateful_sessions=true needs option.async_mode=true"):
         check_sessions_mode(enabled.sessions, async_mode=False)
     check_sessions_mode(enabled.sessions, async_mode=True)
+
+
+def test_the_openapi_document_describes_the_session_header_requests_and_answers() -> None:
+    from djl_handlers.server.openapi import openapi_document
+
+    doc = openapi_document(None, "m")
+    for route in ("/invocations", "/v1/chat/completions"):
+        names = [p["name"] for p in doc["paths"][route]["post"]["parameters"]]
+        assert HEADER_SESSION_ID in names
+    post = doc["paths"]["/invocations"]["post"]
+    bodies = post["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
+    assert any(b.get("required") == ["requestType"] for b in bodies)
+    assert set(post["responses"]["200"]["headers"]) == {HEADER_SESSION_ID, HEADER_CLOSED_SESSION_ID}
