@@ -69,3 +69,23 @@ def test_nothing_extra_for_a_request_that_asked_for_nothing() -> None:
     outs = completion_outputs(1, t, Completion([7], "a", [entry(7, -0.1, (7, -0.1))]), False, None,
                               prompt_logprobs=[None, entry(2, -1.5)])
     assert outs[0].top_tokens is None and outs[0].prompt_logprobs is None
+
+
+def test_prompt_log_probs_with_lora_are_a_400_on_vllms_cpu_build_only() -> None:
+    """vLLM's CPU build stops its engine on prompt log-probs with LoRA enabled: refused before it sees them."""
+    import pytest
+
+    from djl_handlers.engines.external.vllm_requests import refuse_prompt_logprobs_with_lora
+    from djl_handlers.errors import InvalidParameter
+
+    @dataclass
+    class Sampling:
+        prompt_logprobs: Optional[int]
+
+    loras = object()
+    with pytest.raises(InvalidParameter, match="option.enable_lora=true on vLLM's CPU build") as info:
+        refuse_prompt_logprobs_with_lora(Sampling(prompt_logprobs=0), loras, on_cpu=True)
+    assert info.value.field == "decoder_input_details"
+    refuse_prompt_logprobs_with_lora(Sampling(prompt_logprobs=0), None, on_cpu=True)  # LoRA off
+    refuse_prompt_logprobs_with_lora(Sampling(prompt_logprobs=None), loras, on_cpu=True)  # not asked
+    refuse_prompt_logprobs_with_lora(Sampling(prompt_logprobs=1), loras, on_cpu=False)  # a GPU

@@ -41,7 +41,12 @@ from djl_handlers.engines.external.vllm_config import (
 )
 from djl_handlers.engines.external.vllm_outputs import map_finish_reason
 from djl_handlers.engines.external.vllm_parallel import ranks_started
-from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
+from djl_handlers.engines.external.vllm_requests import (
+    prompt_of,
+    refuse_prompt_logprobs_with_lora,
+    rejection,
+    sampling_params,
+)
 from djl_handlers.engines.external.vllm_samples import RequestTracks, request_outputs, vllm_sample_seed
 from djl_handlers.errors import ConfigError
 
@@ -100,6 +105,7 @@ class VllmEngine:
         vllm = import_engine_library("vllm", self.name)
         refuse_in_sync_mode(request)
         sampling, _ = sampling_params(vllm, request.params)
+        refuse_prompt_logprobs_with_lora(sampling, self.loras)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         try:
             self.engine.add_request(str(request.request_id), prompt_of(request), sampling, **lora)

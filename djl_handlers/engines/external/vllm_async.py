@@ -50,7 +50,12 @@ from djl_handlers.engines.external.vllm_config import (
     require_loras,
 )
 from djl_handlers.engines.external.vllm_parallel import ranks_started
-from djl_handlers.engines.external.vllm_requests import prompt_of, rejection, sampling_params
+from djl_handlers.engines.external.vllm_requests import (
+    prompt_of,
+    refuse_prompt_logprobs_with_lora,
+    rejection,
+    sampling_params,
+)
 from djl_handlers.engines.external.vllm_samples import RequestTracks, request_outputs, vllm_sample_seed
 from djl_handlers.errors import ConfigError
 
@@ -114,6 +119,7 @@ class VllmAsyncEngine:
                 yield outs
             return
         sampling, delta = sampling_params(self._vllm, request.params, delta=True)
+        refuse_prompt_logprobs_with_lora(sampling, self.loras)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         rid = request.request_id
         tracks = RequestTracks.for_request(request)

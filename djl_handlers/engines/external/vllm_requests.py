@@ -37,6 +37,23 @@ def sampling_params(vllm: Any, params: GenerationParameters, delta: bool = False
         raise InvalidParameter(f"vLLM rejected the parameters: {exc}") from exc
 
 
+def refuse_prompt_logprobs_with_lora(sampling: Any, loras: Any, on_cpu: bool | None = None) -> None:
+    """400 for prompt log-probabilities (``decoder_input_details``, ``prompt_logprobs``, OpenAI ``echo``
+    with ``logprobs``) while LoRA is enabled on vLLM's CPU build: there its LoRA logits path fails on
+    them (an einsum shape error) and the failure stops the whole engine, every request with it."""
+    if loras is None or getattr(sampling, "prompt_logprobs", None) is None:
+        return
+    if on_cpu is None:
+        from vllm.platforms import current_platform
+
+        on_cpu = bool(current_platform.is_cpu())
+    if on_cpu:
+        raise InvalidParameter(
+            "prompt log-probabilities (decoder_input_details, prompt_logprobs, echo with logprobs) are not "
+            "supported with option.enable_lora=true on vLLM's CPU build: its LoRA logits path fails on them and "
+            "stops the engine", field="decoder_input_details")
+
+
 def _delta_kind(vllm: Any) -> Any:
     """``RequestOutputKind.DELTA`` of the installed vLLM (0.6+), else None."""
     try:
