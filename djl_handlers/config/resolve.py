@@ -25,7 +25,9 @@ DJL's rules (0.34), in order:
    ``PIPELINE_PARALLEL_DEGREE`` or 1; ``option.tensor_parallel_degree`` defaults to env
    ``TENSOR_PARALLEL_DEGREE`` (``max`` = number of GPUs, unset on a CPU-only machine);
    ``option.max_rolling_batch_size`` defaults to 256 for vllm/trtllm, else 32 (trtllm also
-   ``option.max_num_tokens=16384``); ``option.enable_lora=true`` → ``maxWorkers=1``.
+   ``option.max_num_tokens=16384``); ``option.enable_lora=true`` → ``maxWorkers=1``, and so does
+   ``option.enable_stateful_sessions=true`` (DJL also sets ``load_on_devices=0`` then, GPU 0, which
+   we do not: on a CPU-only machine DJL cannot load such a model).
 4. The mode: async when ``option.async_mode`` is true (DJL's ``PyModel``: each request goes to the
    handler alone and is awaited); else rolling batch exactly when ``option.rolling_batch`` is present
    and not ``disable`` (DJL's ``PyPredictor``); otherwise dynamic batching with ``batch_size`` (or
@@ -244,6 +246,8 @@ def recommend(props: Mapping[str, str], model_dir: str | Path, env: Mapping[str,
                 f"DJL default for rolling_batch={rolling}")
     if str(rec.props.get("option.enable_lora", "")).lower() == "true":
         rec.set("maxWorkers", "1", "option.enable_lora=true allows one worker")
+    if str(rec.props.get("option.enable_stateful_sessions", "")).lower() == "true":  # sessions live in one worker
+        rec.set("maxWorkers", "1", "option.enable_stateful_sessions=true allows one worker")
     return rec.props, rec.changes, str(config_file)
 
 

@@ -148,3 +148,17 @@ def test_the_openapi_document_describes_the_session_header_requests_and_answers(
     bodies = post["requestBody"]["content"]["application/json"]["schema"]["anyOf"]
     assert any(b.get("required") == ["requestType"] for b in bodies)
     assert set(post["responses"]["200"]["headers"]) == {HEADER_SESSION_ID, HEADER_CLOSED_SESSION_ID}
+
+
+def test_resolving_a_model_dir_gives_sessions_one_worker_and_needs_async_mode(tmp_path: Path) -> None:
+    from djl_handlers.config.resolve import resolve_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    props = "engine=Python\noption.model_id=.\noption.enable_stateful_sessions=true\n"
+    (tmp_path / "serving.properties").write_text(props + "option.async_mode=true\noption.rolling_batch=disable\n")
+    resolved = resolve_model(tmp_path, env={})
+    assert resolved.server.get("maxWorkers") == "1"  # DJL's recommender: sessions live in one worker
+    assert "load_on_devices" not in resolved.server  # DJL's GPU 0 is not copied
+    (tmp_path / "serving.properties").write_text(props)
+    with pytest.raises(ConfigError, match="option.enable_stateful_sessions=true needs option.async_mode=true"):
+        resolve_model(tmp_path, env={})
