@@ -10,6 +10,7 @@ sequences can still part where two tokens are nearly tied; benchmarks/cpu_dtypes
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ PROMPTS = ("The capital of France is", "Deep learning is", "def fibonacci(n):", 
            "My favourite book is", "Dear hiring manager,")
 
 
+@functools.cache
 def _load(path: Path, dtype: str) -> Any:
     from djl_handlers.config.models import ServingConfig
     from djl_handlers.engines.hf.loader import LoadOptions, load_model
