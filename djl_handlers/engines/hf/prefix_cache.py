@@ -216,6 +216,10 @@ class PrefixCache:
             self._unpin(pins.chain)
 
     def _evict(self) -> None:
+        if not self._pinned:  # no session pins anything: least recently used first, one by one
+            while self.bytes > self.memory_bytes and self._blocks:
+                self.bytes -= self._blocks.popitem(last=False)[1].nbytes
+            return
         while self.bytes > self.memory_bytes and self._blocks:
             for digest in [d for d in self._blocks if d not in self._pinned]:  # least recently used first
                 if self.bytes <= self.memory_bytes:
