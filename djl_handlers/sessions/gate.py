@@ -86,6 +86,9 @@ class SessionGate:
         if options.enabled:
             self.store = SessionStore(options.path or default_sessions_path(), options.expiration_s,
                                       on_close=self._closed)
+            for session in self.store.sessions.values():  # sessions a previous process left under the root
+                if not session.expired():
+                    self._opened(session.session_id, session.expiration_ts)
 
     def screen(self, inputs: Any) -> Screened:
         """The gate's verdict on one request (see :class:`Screened`)."""
@@ -123,9 +126,7 @@ class SessionGate:
             return _error(f"Failed to create session: {exc}")
         assert session.expiration_ts is not None
         expires = datetime.fromtimestamp(session.expiration_ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        opener = getattr(self._engine, "open_session", None)
-        if callable(opener):
-            opener(session.session_id, session.expiration_ts)
+        self._opened(session.session_id, session.expiration_ts)
         LOG.info("Session %s created", session.session_id)
         return _result(f"Session {session.session_id} created",
                        {HEADER_SESSION_ID: f"{session.session_id}; Expires={expires}"})
@@ -138,6 +139,11 @@ class SessionGate:
             return _error(f"Failed to close session: {exc}")
         LOG.info("Session %s closed", session_id)
         return _result(f"Session {session_id} closed", {HEADER_CLOSED_SESSION_ID: f"{session_id}"})
+
+    def _opened(self, session_id: str, expires: Optional[float]) -> None:
+        opener = getattr(self._engine, "open_session", None)
+        if callable(opener) and expires is not None:
+            opener(session_id, expires)
 
     def _closed(self, session_id: str) -> None:
         closer = getattr(self._engine, "close_session", None)

@@ -109,6 +109,11 @@ def test_gate_answers_as_lmi(tmp_path: Path) -> None:
     assert props == {HEADER_CLOSED_SESSION_ID: sid} and engine.events[-1] == ("close", sid)
     again = gate.screen(_input({"requestType": "CLOSE"}, **{HEADER_SESSION_ID: sid})).reply
     assert again is not None and again[0]["error"] == f"Input parsing failed: session not found: {sid}"
+    kept = gate.screen(_input({"requestType": "NEW_SESSION"})).reply
+    assert kept is not None
+    restarted = _Engine()
+    _gate(tmp_path, engine=restarted)  # a new process loads the root's live sessions and opens them
+    assert restarted.events == [("open", kept[1][HEADER_SESSION_ID].split(";")[0])]
 
 
 def test_gate_with_sessions_off(tmp_path: Path) -> None:
