@@ -10,6 +10,7 @@ from a ``random.Random`` seeded with the request's seed instead. Log-probabiliti
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Optional
@@ -73,3 +74,10 @@ def next_token(last: int, rng: Optional[random.Random] = None) -> int:
 def token_logprob(token_id: int) -> float:
     """A fixed, distinct log-probability per token id."""
     return -0.05 - 0.1 * (token_id % 7)
+
+
+def beam_candidates(last: int) -> list[tuple[int, float]]:
+    """The toy model's next-token distribution for beam search: the greedy successor of ``last`` (p 0.6),
+    the one after it (0.3) and the next (0.1); every other token has probability 0."""
+    size = len(VOCAB)
+    return [((last + 1) % size, math.log(0.6)), ((last + 2) % size, math.log(0.3)), ((last + 3) % size, math.log(0.1))]

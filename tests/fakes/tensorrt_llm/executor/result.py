@@ -10,7 +10,8 @@ token ids are extended, the text is re-decoded, and on the request's final respo
 in the real class) that sequence's ``finish_reason`` is set
 ("stop" | "length" | "cancelled"); a stop-word finish sets ``stop_reason`` and trims the stop
 word's tokens (unless ``include_stop_str_in_output``). ``abort()`` asks the executor to cancel;
-the executor then sends a final "cancelled" response.
+the executor then sends a final "cancelled" response. A beam search's response carries every beam
+whole (the runtime rewrites beams while it searches): each output's tokens are replaced, not extended.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from tensorrt_llm._toy import token_logprob
 from tensorrt_llm.sampling_params import SamplingParams
 
 
@@ -72,6 +74,9 @@ class Response:
     sequence_index: int = 0
     finish: Optional[str] = None  # "end_id" | "stop_words" | "length" | "cancelled"
     error: Optional[str] = None
+    # beam search: one response carries every beam, best first, whole (the runtime rewrites beams
+    # while it searches), each with its finish ("end_id" | "length", read on the final response)
+    beams: Optional[list[tuple[list[int], Optional[str]]]] = None
 
 
 class GenerationResult:
@@ -185,6 +190,9 @@ class GenerationResult:
     def _handle_response(self, response: Response) -> None:
         if response.error is not None:
             raise RuntimeError(response.error)
+        if response.beams is not None:
+            self._handle_beams(response)
+            return
         out = self._outputs[response.sequence_index]
         out._last_text_len = len(out.text)
         out._last_token_ids_len = len(out.token_ids or [])
@@ -205,6 +213,23 @@ class GenerationResult:
             out.text = self.tokenizer.decode(
                 out.token_ids, skip_special_tokens=self.sampling_params.skip_special_tokens
             )
+
+    def _handle_beams(self, response: Response) -> None:
+        """A beam-search response: every beam's tokens replaced (not extended), finishes on the final one."""
+        assert response.beams is not None
+        self._done = response.is_final
+        for out, (tokens, finish) in zip(self._outputs, response.beams, strict=False):
+            out._last_text_len = len(out.text)
+            out._last_token_ids_len = len(out.token_ids or [])
+            out.token_ids = list(tokens)
+            if self.sampling_params.logprobs:
+                out.logprobs = [{t: Logprob(token_logprob(t), 1)} for t in tokens]
+            if response.finish == "cancelled":
+                out.finish_reason = "cancelled"
+            elif self._done:
+                self._finish(out, finish)
+            if self.sampling_params.detokenize and self.tokenizer is not None:
+                out.text = self.tokenizer.decode(tokens, skip_special_tokens=self.sampling_params.skip_special_tokens)
 
     def _finish(self, out: CompletionOutput, finish: Optional[str]) -> None:
         if finish == "end_id":

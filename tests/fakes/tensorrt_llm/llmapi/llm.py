@@ -8,6 +8,10 @@ batching). ``inputs`` is a str, a list of token ids, ``{"prompt": ...}`` or
 ``{"prompt_token_ids": [...]}``. The end token is not part of ``token_ids``: an end-id finish
 arrives as a final response without new tokens.
 
+Beam search (``use_beam_search``, ``best_of`` beams, at most ``max_beam_width``, 1 unless given,
+else ``ValueError`` as the real argument check raises) runs the fake's own search over the toy model
+(``tensorrt_llm/_beams.py``), one step per iteration, its response carrying every beam.
+
 Fake-only knobs: ``iteration_s`` (seconds per engine iteration), ``submitted`` (inspection).
 """
 
@@ -20,6 +24,7 @@ import time
 from types import SimpleNamespace
 from typing import Any, Optional, Union
 
+from tensorrt_llm._beams import BeamSearch
 from tensorrt_llm._toy import ToyTokenizer, next_token, token_logprob
 from tensorrt_llm.executor.result import GenerationResult, Response
 from tensorrt_llm.sampling_params import SamplingParams
@@ -64,10 +69,11 @@ class _Sequence:
 class _Active:
     """Executor-side state of one request: its sequences."""
 
-    __slots__ = ("result", "params", "seqs")
+    __slots__ = ("result", "params", "seqs", "beams")
 
     def __init__(self, result: RequestOutput, params: SamplingParams, last: int) -> None:
         self.result, self.params = result, params
+        self.beams = BeamSearch(params, last) if params.use_beam_search else None  # tensorrt_llm/_beams.py
         # The toy samples unless top_k is 0/1 and top_p is 0 (the runtime's greedy switch); it
         # looks at no other field. Sequence 0 draws from the request's seed, sequence i from its own
         # stream of it (the runtime's per-sequence streams).
@@ -141,6 +147,9 @@ class LLM:
                 f"The sum of prompt length ({len(ids)}), query length (0) and max_tokens "
                 f"({params.max_tokens}) should not exceed max_seq_len ({self.args.max_seq_len})"
             )
+        width = getattr(self.args, "max_beam_width", 1)
+        if params.use_beam_search and (params.best_of or params.n) > width:
+            raise ValueError(f"beam width {params.best_of or params.n} exceeds the engine's max_beam_width ({width})")
         rid = next(self._ids)
         result = RequestOutput(rid, prompt, ids, params, streaming, self.tokenizer, self._abort_request)
         if lora_request is not None:
@@ -198,7 +207,13 @@ class LLM:
     def _iterate(self, act: _Active) -> bool:
         """One in-flight-batching iteration for one request (a token for each of its unfinished
         sequences); returns True when every sequence finished. A sequence's response is final only
-        when it is the request's last."""
+        when it is the request's last. A beam search advances every beam; its response carries them all."""
+        if act.beams is not None:
+            act.beams.step()
+            if act.result._streaming or act.beams.done:
+                beams = [(h.tokens, h.finish) for h in act.beams.current()]
+                act.result._deliver(Response([], [], is_final=act.beams.done, beams=beams))
+            return act.beams.done
         finishes = {seq.index: self._advance(act, seq) for seq in act.seqs if not seq.done}
         done = all(seq.done for seq in act.seqs)
         if done and not act.result._streaming:  # one response per sequence at the end, the last final
