@@ -85,6 +85,7 @@ class TrtLlmOptions:
     kv_cache_free_gpu_mem_fraction: float = 0.9
     enable_kv_cache_reuse: bool = False
     batch_scheduler_policy: str = "max_utilization"
+    max_beam_width: int = 1  # LLM(max_beam_width=...): the widest beam search a request may ask for
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ def _trtllm(r: Reader) -> TrtLlmOptions:
         kv_cache_free_gpu_mem_fraction=r.number("kv_cache_free_gpu_mem_fraction", 0.9, 0.0, 1.0),
         enable_kv_cache_reuse=r.boolean("enable_kv_cache_reuse", False),
         batch_scheduler_policy=policy,
+        max_beam_width=r.integer("max_beam_width", 1, 1) or 1,
     )
 
 

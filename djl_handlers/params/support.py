@@ -41,9 +41,9 @@ _TABLE: Mapping[str, str] = {
     "min_p": "NNNNN",
     "presence_penalty": "NNNNN",
     "frequency_penalty": "NNNNN",
-    "num_beams": "NNUNN",  # HF/DeepSpeed: beams in the batch (engines/hf/beam_rows.py); vLLM: its beam search
+    "num_beams": "NNNNN",  # HF/DeepSpeed: beams in the batch (engines/hf/beam_rows.py); vLLM, TensorRT-LLM: theirs
     "length_penalty": "NNNNN",
-    "early_stopping": "NNUUU",
+    "early_stopping": "NNNUU",
     "stop_token_ids": "EENNN",  # HF/DeepSpeed: the scheduler stops on them (scheduling/slot.py)
     "include_stop_str_in_output": "EENNN",
     "logprobs": "NNNNN",

@@ -197,6 +197,9 @@ def trtllm_structured(p: GenerationParameters) -> dict[str, Any]:
 
 # TensorRT-LLM: the seed says presence/length/frequency penalties "are ignored if not provided".
 _TRT_OPTIONAL = ("presence_penalty", "frequency_penalty", "length_penalty")
+# early_stopping as TensorRT-LLM's beam search reads it (an int): 1 ends once beam-width hypotheses
+# finished (True), 0 the heuristic (False), larger values never end early ("never").
+_TRT_EARLY_STOPPING: dict[bool | str, int] = {True: 1, False: 0, "never": 2}
 
 
 def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
@@ -208,7 +211,9 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
     ``min_new_tokens`` when given, else ``min_length``. ``end_id``/``pad_id`` are set by the
     engine adapter from the tokenizer. ``temperature: 0`` means greedy (``top_k=1``, ``top_p=0``,
     no temperature), as for every other engine. Several samples: ``n`` is every sample to decode
-    (``best_of`` left at its default, ``n``; the scheduler keeps the best) with ``logprobs`` ≥ 1.
+    (``best_of`` left at its default, ``n``; the scheduler keeps the best) with ``logprobs`` ≥ 1. Beam
+    search (``num_beams`` > 1): ``use_beam_search``, ``best_of`` = the width, ``n`` = the beams returned,
+    ``length_penalty`` and ``early_stopping`` as the runtime's int (``_TRT_EARLY_STOPPING``).
     """
     kwargs: dict[str, Any] = {
         "max_tokens": p.max_new_tokens,
@@ -238,6 +243,9 @@ def to_trtllm(p: GenerationParameters) -> dict[str, Any]:
         kwargs["logprobs"] = max(kwargs.get("logprobs") or 0, 1)
     if p.prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = p.prompt_logprobs
+    if p.num_beams > 1:  # the LLM API's beam search: best_of is the beam width, n the beams returned
+        kwargs.update(use_beam_search=True, best_of=p.num_beams, n=sample_count(p),
+                      length_penalty=p.length_penalty, early_stopping=_TRT_EARLY_STOPPING[p.early_stopping])
     for name in _TRT_OPTIONAL:
         if name in p.provided:
             kwargs[name] = getattr(p, name)

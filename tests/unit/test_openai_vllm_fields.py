@@ -108,9 +108,8 @@ def test_use_beam_search_is_vllm_beam_width_n_and_greedy() -> None:
     with pytest.raises(InvalidParameter) as info:
         _parse({**PROMPT, "use_beam_search": "yes"})
     assert info.value.field == "use_beam_search"
-    with pytest.raises(InvalidParameter) as info:
-        _parse({**PROMPT, "use_beam_search": True, "n": 2}, engine="tensorrt_llm")
-    assert "num_beams" in info.value.message
+    params = _parse({**PROMPT, "use_beam_search": True, "n": 2}, engine="tensorrt_llm").params
+    assert (params.num_beams, params.n, params.do_sample) == (2, 2, False)  # TensorRT-LLM's beam search
 
 
 @pytest.mark.parametrize(("field", "value"), [("priority", 3), ("logits_processors", ["x"]),

@@ -270,10 +270,10 @@ def test_engine_unsupported_key_lenient(caplog: pytest.LogCaptureFixture) -> Non
 
 
 def test_unsupported_key_with_default_value_is_accepted() -> None:
-    p = gp({"num_beams": 1, "presence_penalty": 0.0, "n": 1}, "tensorrt_llm")
-    assert p.ignored == () and p.num_beams == 1
-    with pytest.raises(InvalidParameter, match="num_beams is not supported"):
-        gp({"num_beams": True}, "tensorrt_llm")
+    p = gp({"early_stopping": False, "presence_penalty": 0.0, "n": 1}, "vllm")
+    assert p.ignored == () and p.early_stopping is False
+    with pytest.raises(InvalidParameter, match="typical_p is not supported"):
+        gp({"typical_p": True}, "tensorrt_llm")
 
 
 @pytest.mark.parametrize("value", [True, False, "never"])

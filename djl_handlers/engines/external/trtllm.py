@@ -23,6 +23,9 @@ reason at all (old releases) → v0.27's rule (``eos_token`` when fewer than
 
 ``release(id)`` of an unfinished request calls ``RequestOutput.abort()``.
 
+Beam search (``num_beams``): checked against the engine's ``max_beam_width`` and submitted without
+streaming (:mod:`djl_handlers.engines.external.trtllm_beams`); its beams arrive as samples do.
+
 In DJL's async mode the adapter is awaited directly (:class:`~djl_handlers.engines.base.AsyncEngine`):
 ``generate_async(request)`` calls the LLM API's ``generate_async(..., streaming=True)`` on the
 caller's event loop (the one DJL's async worker awaits requests on; the result gets its async
@@ -51,6 +54,7 @@ from djl_handlers.engines.external.common import (
     resolve_model,
     tensor_parallel_size,
 )
+from djl_handlers.engines.external.trtllm_beams import check_trtllm_beams, max_beam_width_of, streams
 from djl_handlers.engines.external.trtllm_outputs import (
     Delta,
     Samples,
@@ -96,6 +100,8 @@ def llm_kwargs(config: Any, llmapi: Any) -> dict[str, Any]:
         return kwargs
     if opts.max_num_tokens:
         kwargs["max_num_tokens"] = int(opts.max_num_tokens)
+    if opts.max_beam_width > 1:  # beam search (num_beams) up to this width; 1, the LLM API's default, has none
+        kwargs["max_beam_width"] = int(opts.max_beam_width)
     if opts.max_output_len:
         LOG.warning("option.max_output_len=%s is an engine-build setting the LLM API does not use", opts.max_output_len)
     kv = getattr(llmapi, "KvCacheConfig", None)
@@ -229,7 +235,7 @@ class TrtLlmEngine:
         extra = {"lora_request": self._lora(request.adapter)} if request.adapter else {}
         rid = request.request_id
         try:
-            result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
+            result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=streams(sampling), **extra)
         except ValueError as exc:
             raise PromptTooLong(f"TensorRT-LLM rejected the prompt: {exc}", field="inputs") from exc
         self._results[rid] = result
@@ -304,6 +310,7 @@ class TrtLlmEngine:
         trt = import_engine_library("tensorrt_llm", self.name)
         from djl_handlers.params.translate import to_trtllm
 
+        check_trtllm_beams(request.params, max_beam_width_of(self.llm))
         kwargs = to_trtllm(request.params)
         guided = kwargs.pop("guided_decoding", None)
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -324,7 +331,7 @@ class TrtLlmEngine:
 
     async def _submit(self, inputs: Any, sampling: Any, samples: Samples, lora: Any = None) -> Any:
         extra = {"lora_request": lora} if lora is not None else {}
-        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=True, **extra)
+        result = self.llm.generate_async(inputs, sampling_params=sampling, streaming=streams(sampling), **extra)
         self._adapter_loop().create_task(self._pump(result, samples))
         return result
 
