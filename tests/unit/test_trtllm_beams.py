@@ -117,3 +117,25 @@ def test_handler_beams_in_best_of_sequences_and_async(fake_trt: Any) -> None:  #
 
     assert asyncio.run(collect()) == want[0][0]
     engine.close()
+
+
+def test_the_fake_beam_search_is_exhaustive_when_wide_enough(fake_trt: Any) -> None:  # noqa: F811
+    """The fake's search (what the adapter tests compare with) against every path of the toy model: with
+    a width above the number of paths nothing is pruned, so its ranking is the exhaustive one."""
+    from tensorrt_llm._beams import BeamSearch
+    from tensorrt_llm._toy import beam_candidates
+
+    sampling = fake_trt.SamplingParams(use_beam_search=True, best_of=12, max_tokens=2, length_penalty=1.0,
+                                       early_stopping=2, end_id=0)
+    search = BeamSearch(sampling, 18)  # after "people" (18) the toy's candidates reach eos (0)
+    while not search.done:
+        search.step()
+    paths: list[tuple[float, list[int]]] = []
+    for first, lp1 in beam_candidates(18):
+        if first == 0:
+            paths.append((lp1 / 1, []))
+            continue
+        for second, lp2 in beam_candidates(first):
+            paths.append(((lp1 + lp2) / 2, [first] if second == 0 else [first, second]))
+    want = [tokens for _, tokens in sorted(paths, key=lambda p: p[0], reverse=True)]
+    assert [h.tokens for h in search.best()] == want[:12]
