@@ -5,7 +5,8 @@ The texts of ``test_hf_engine_beams.py`` do not show *when* a search ends (a fin
 the steps: a beam request is advanced by as many engine steps as transformers' beam search runs
 (``len(scores)`` of ``generate(output_scores=True)``). The rest are the rules no text of a random
 model reaches: an eos is never streamed before the end, the refusals of :func:`check_beams`, a
-beam request whose logits break, and ``ignore_eos_token``.
+beam request whose logits break, ``ignore_eos_token``, the repetition penalty of a beam that forks into
+another row, and one sequence of several let go mid-search.
 """
 
 from __future__ import annotations
@@ -219,3 +220,42 @@ def test_ignore_eos_token_beams_run_to_the_limit(tiny_model: Any, eos_pair: list
     got, _ = run_alone(engine, EngineRequest(1, ids, GenerationParameters(num_beams=3, max_new_tokens=8,
                                                                           ignore_eos_token=True)))
     assert got == want
+
+
+@pytest.mark.parametrize("prompt", ["Hello there", PROMPT, "Deep learning is"])
+def test_repetition_penalty_follows_each_beam_history_equal_generate(tiny_model: Any, prompt: str) -> None:
+    """A strong repetition penalty over 4 beams: a beam that forks into a copied row carries its parent's
+    tokens (what the penalty reads), not those of the row it lands in."""
+    model, tok = tiny_model
+    ids = tok.encode(prompt)
+    want, _ = generate_steps(model, ids, [0], 12, num_beams=4, repetition_penalty=2.5)
+    engine = HFEngine(model, tok)
+    engine.eos_token_ids = frozenset([0])
+    got, _ = run_alone(engine, EngineRequest(1, ids, GenerationParameters(num_beams=4, max_new_tokens=12,
+                                                                          repetition_penalty=2.5)))
+    assert got == want
+
+
+def test_letting_one_sequence_go_keeps_the_search_for_the_others(tiny_model: Any) -> None:
+    """``n=2``: the scheduler lets the second sequence go mid-search (a stop rule of its own); the beams
+    keep their rows and the best sequence still ends as generate()'s."""
+    model, tok = tiny_model
+    ids = tok.encode(PROMPT)
+    want, _ = generate_steps(model, ids, [0], 10, num_beams=3)
+    engine = HFEngine(model, tok)
+    engine.eos_token_ids = frozenset([0])
+    engine.add_request(EngineRequest(1, ids, GenerationParameters(num_beams=3, n=2, max_new_tokens=10),
+                                     sample_ids=(9,)))
+    got: list[int] = []
+    steps = 0
+    while engine.has_unfinished():
+        outs = engine.step()
+        steps += 1
+        if steps == 2:
+            engine.release(9)
+            assert engine.kv_shape[0] == 3
+        got += [o.token_id for o in outs if o.request_id == 1]
+        if any(o.request_id == 1 and o.finish_reason for o in outs):
+            engine.release(1)
+        assert steps < 50
+    assert got == want and engine.kv_shape == (0, 0)
