@@ -25,7 +25,8 @@ __all__ = ["DEFAULT_PREFILL_TOKENS", "HuggingFaceOptions", "parse_bytes", "read_
 # of a prefill step.
 DEFAULT_PREFILL_TOKENS = 2048
 
-QUANTIZE: tuple[str, ...] = ("bitsandbytes4", "bitsandbytes8", "gptq", "awq")
+# dynamic_int8: int8 weights quantized at load, on the CPU (engines/hf/cpu/int8.py; LMI DeepSpeed's name)
+QUANTIZE: tuple[str, ...] = ("bitsandbytes4", "bitsandbytes8", "gptq", "awq", "dynamic_int8")
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 CPU_LINEAR: tuple[str, ...] = ("onednn", "torch")
 CPU_ATTENTION: tuple[str, ...] = ("auto", "ragged", "sdpa")

@@ -125,7 +125,7 @@ def test_a_bf16_engine_where_onednn_has_no_bf16_equals_generate_on_the_same_laye
 # native run (a minute each, the same code as their tiny-model runs).
 LOWER_ISA_TESTS = ("tests/unit/test_cpu_isa.py", "tests/unit/test_hf_cpu_linear.py", "tests/unit/test_hf_cpu_fused.py",
                    "tests/unit/test_hf_cpu_norm.py", "tests/unit/test_hf_cpu_rotary.py", "tests/unit/test_row_stats.py",
-                   "tests/unit/test_cpu_patches.py",
+                   "tests/unit/test_cpu_patches.py", "tests/unit/test_hf_cpu_int8.py",
                    "tests/unit/test_hf_architectures.py::test_each_applied_patch_gives_the_modules_own_bits_on_a_real_"
                    "forwards_inputs",
                    "tests/unit/test_hf_dtype_agreement.py::test_16_bit_greedy_agrees_with_fp32_where_fp32_is_decided[bf16]")

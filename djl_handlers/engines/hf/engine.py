@@ -128,7 +128,9 @@ class HFEngine:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = "logits_to_keep" if "logits_to_keep" in params else None
         head = model.get_output_embeddings()
-        self._vocab = int(head.weight.shape[0]) if head is not None else int(config.vocab_size)
+        rows = getattr(head, "out_features", None)  # an int8 head (option.quantize) keeps no weight
+        self._vocab = int(rows if rows is not None else head.weight.shape[0]) if head is not None else int(
+            config.vocab_size)
         self._check_cache_layout()
         self._queue: deque[Row] = deque()
         self._partial: Partial | None = None

@@ -124,6 +124,10 @@ def load_model(opts: LoadOptions) -> LoadedModel:
         raise ConfigError(f"cannot load model {model_id!r}: {short_reason(exc, model_id)}",
                           field="option.model_id") from exc
     device = resolve_device(opts.device)
+    if opts.hf.quantize == "dynamic_int8" and device != "cpu":
+        raise ConfigError(f"option.quantize=dynamic_int8 runs on the CPU only (the model is on {device!r}): "
+                          "set option.device=cpu, or on a GPU choose bitsandbytes8 or a gptq/awq checkpoint",
+                          field="option.quantize")
     model.to(device)
     model.eval()
     report: dict[str, str] = {}

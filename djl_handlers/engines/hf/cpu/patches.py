@@ -19,7 +19,7 @@ import logging
 from typing import Any
 
 from djl_handlers.config.hf import HuggingFaceOptions
-from djl_handlers.engines.hf.cpu import fused, isa, linear, norm, ragged_attention, rotary
+from djl_handlers.engines.hf.cpu import fused, int8, isa, linear, norm, ragged_attention, rotary
 from djl_handlers.errors import ConfigError
 
 __all__ = ["PATCHES", "apply", "revert", "use_ragged_attention"]
@@ -69,6 +69,10 @@ def revert(model: Any) -> None:
 
 
 def _linear(model: Any, options: HuggingFaceOptions) -> str:
+    if options.quantize == int8.NAME:
+        count = int8.quantize_linears(model)
+        return (f"applied: {count} nn.Linear layers as int8 (option.quantize={int8.NAME}: per-channel int8 "
+                "weights, per-row dynamic int8 activations, fbgemm)")
     if options.cpu_linear != "onednn":
         return f"off: option.cpu_linear={options.cpu_linear}"
     count = linear.prepack_linears(model)
@@ -85,6 +89,9 @@ def _linear(model: Any, options: HuggingFaceOptions) -> str:
 
 def _projections(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
     """``cpu_fuse_projections`` and the SiLU·mul MLPs that come with it."""
+    if options.quantize == int8.NAME:
+        why = f"off: option.quantize={int8.NAME} (each int8 layer runs alone)"
+        return {"cpu_fuse_projections": why, "silu_mul": why}
     if options.cpu_linear != "onednn" or not options.cpu_fuse_projections:
         why = ("off: option.cpu_fuse_projections=false" if options.cpu_linear == "onednn"
                else "off: needs option.cpu_linear=onednn")

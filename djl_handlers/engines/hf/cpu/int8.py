@@ -1,0 +1,110 @@
+"""Int8 linear layers for the HF engine on the CPU (``option.quantize=dynamic_int8``).
+
+Each plain ``nn.Linear`` is replaced at load by an :class:`Int8Linear`: its weight quantized once
+to int8, symmetric, one fp32 scale per output channel (``scale = max|w_row| / 127``), packed for
+fbgemm (``torch.ops.quantized.linear_prepack``); the fp32 (or 16-bit) weight is dropped, so the
+layers hold about a quarter of their fp32 bytes. A call quantizes its activations on the fly
+(``torch.ops.quantized.linear_dynamic``, the kernel of torch's ``quantize_dynamic``): integer
+products summed in int32, scaled back to fp32. LMI's name for int8 weights quantized at load
+(DeepSpeed's ``dynamic_int8``) and torch's name for this scheme ("dynamic quantization") agree.
+
+Row independence: fbgemm quantizes the whole input with one scale from its minimum and maximum, so
+a row would depend on the other rows of the call. Each row is therefore divided by its own
+``max|x|`` (per-row dynamic scale) and two fixed rows, all +1 and all -1, are appended: the range is
+then [-1, 1] in every call, the activation scale and zero point are constants, and a row's integer
+sums (exact) and its scaling depend on that row alone. Greedy output of the batched engine equals
+``generate()`` one request at a time on the same quantized model. Activations use the full 8 bits
+(``reduce_range=False``): torch's x86 default of 7 bits doubled the log-likelihood distance to fp32
+on the embedded model (mean |d log p| 0.36 against 0.14). On a CPU without AVX-512 VNNI fbgemm sums
+pairs of products in 16 bits, which can saturate for rare activation/weight pairs near both ends.
+
+Measured against the prepacked fp32 oneDNN path (docs/engines.md, "Int8 on the CPU"); the
+weight-only ``aten._weight_int8pack_mm`` and inductor's ``onednn.qlinear_pointwise`` were slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from djl_handlers.errors import ConfigError
+
+LOG = logging.getLogger(__name__)
+
+NAME = "dynamic_int8"
+_ENGINES = ("x86", "fbgemm")
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def unavailable_reason() -> str | None:
+    """Why this torch cannot run :class:`Int8Linear` here (None when it can)."""
+    engines = torch.backends.quantized.supported_engines
+    if not any(engine in engines for engine in _ENGINES):
+        return f"this torch has no fbgemm quantized engine (it has {', '.join(engines) or 'none'}; fbgemm is x86-only)"
+    if not hasattr(torch.ops.quantized, "linear_dynamic"):
+        return "this torch has no quantized::linear_dynamic"
+    return None
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(int8 [out, in], fp32 scales [out])``: symmetric per-output-channel int8 of ``weight``."""
+    weight = weight.detach().float()
+    scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+class Int8Linear(torch.nn.Module):
+    """``x @ W.T + b`` over an int8 ``W`` with per-output-channel fp32 scales (see the module docstring)."""
+
+    def __init__(self, module: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features = module.in_features
+        self.out_features = module.out_features
+        q, scales = quantize_weight(module.weight)
+        zeros = torch.zeros(scales.numel(), dtype=torch.int64)
+        with warnings.catch_warnings():  # torch marks its quantized tensor types deprecated; fbgemm takes them
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.register_buffer("scales", scales)
+        bias = module.bias
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
+        self.dtype = module.weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        flat = x.reshape(-1, self.in_features).float()
+        peak = flat.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        ones = torch.ones(1, self.in_features)
+        rows = torch.cat([flat / peak, ones, -ones])
+        out = torch.ops.quantized.linear_dynamic(rows, self.packed, False)[:-2] * peak
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+
+def quantize_linears(model: Any) -> int:
+    """Replace every plain ``nn.Linear`` of ``model`` (on the CPU) by an :class:`Int8Linear`; returns
+    how many. Raises ``ConfigError`` (field ``option.quantize``) when this torch cannot, or the model
+    has no such layer."""
+    why = unavailable_reason()
+    if why is not None:
+        raise ConfigError(f"option.quantize={NAME} cannot run here: {why}; drop option.quantize to serve "
+                          "in fp32 or bf16", field="option.quantize")
+    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if type(child) is torch.nn.Linear and child.weight.device.type == "cpu"
+               and child.weight.dtype in _DTYPES]
+    if not targets:
+        raise ConfigError(f"option.quantize={NAME}: the model has no plain nn.Linear layer on the CPU to "
+                          "quantize (it is quantized already, or uses custom layers); drop option.quantize",
+                          field="option.quantize")
+    for parent, name, child in targets:
+        setattr(parent, name, Int8Linear(child))
+    return len(targets)

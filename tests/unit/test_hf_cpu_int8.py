@@ -1,0 +1,92 @@
+"""``option.quantize=dynamic_int8``: int8 linear layers on the CPU (engines/hf/cpu/int8.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from engine_runs import engine_tokens, generate_tokens  # noqa: E402
+
+from djl_handlers.engines.hf.cpu import int8  # noqa: E402
+from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
+from djl_handlers.errors import ConfigError  # noqa: E402
+
+pytest_plugins = ["conftest_models"]
+pytestmark = pytest.mark.skipif(int8.unavailable_reason() is not None, reason=str(int8.unavailable_reason()))
+
+
+def _linear(bias: bool, out: int = 96, inp: int = 80) -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Linear(inp, out, bias=bias)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 80), (5, 80), (2, 3, 80), (37, 80)])
+def test_int8_linear_is_close_to_the_fp32_layer_and_keeps_no_fp32_weight(bias: bool, shape: tuple[int, ...]) -> None:
+    layer = _linear(bias)
+    q = int8.Int8Linear(layer)
+    x = torch.randn(*shape)
+    want, got = layer(x), q(x)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert float((got - want).norm() / want.norm()) < 0.03
+    assert not hasattr(q, "weight") and q.scales.shape == (96,)
+    assert q(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_quantized_weights_are_per_channel_symmetric() -> None:
+    weight = torch.randn(6, 10) * torch.arange(1, 7)[:, None]
+    q, scales = int8.quantize_weight(weight)
+    assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+    assert bool((q.abs().amax(dim=1) == 127).all())
+    assert torch.allclose(q.float() * scales[:, None], weight, atol=float(scales.max()) / 2 + 1e-6)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(bias: bool) -> None:
+    q = int8.Int8Linear(_linear(bias, out=200, inp=160))
+    x = torch.randn(33, 160)
+    x[4] *= 50  # a row with a far larger range must not change its neighbours
+    whole = q(x)
+    for i in range(33):
+        assert torch.equal(q(x[i:i + 1]), whole[i:i + 1])
+    assert torch.equal(q(x[3:20]), whole[3:20])
+
+
+def test_quantize_linears_replaces_plain_layers_and_refuses_a_model_without_any() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(8, 4)))
+    assert int8.quantize_linears(model) == 2
+    assert isinstance(model[0], int8.Int8Linear) and isinstance(model[2][0], int8.Int8Linear)
+    assert model(torch.randn(3, 8)).shape == (3, 4)
+    with pytest.raises(ConfigError, match="no plain nn.Linear") as err:
+        int8.quantize_linears(torch.nn.Sequential(torch.nn.ReLU()))
+    assert err.value.field == "option.quantize"
+
+
+def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any) -> None:
+    from djl_handlers.config.models import ServingConfig
+
+    options = {"model_id": str(tiny_dir), "rolling_batch": "auto", "quantize": "dynamic_int8"}
+    engine = HFEngine.from_config(ServingConfig.from_properties(options, engine="huggingface"))
+    model, tok = engine.model, engine.tokenizer
+    assert not [m for m in model.modules() if type(m) is torch.nn.Linear]
+    assert engine.cpu_patches["cpu_linear"].startswith("applied: ") and "int8" in engine.cpu_patches["cpu_linear"]
+    assert engine.cpu_patches["cpu_fuse_projections"].startswith("off: option.quantize=dynamic_int8")
+    prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x",
+                                       "One two three four five six seven eight nine ten eleven twelve")]
+    news = [7, 5, 9, 6]
+    got = engine_tokens(model, tok, prompts, news)
+    assert [got[i][:n] for i, n in enumerate(news)] == generate_tokens(model, prompts, news)
+
+
+def test_dynamic_int8_is_an_hf_quantize_value_and_others_are_refused() -> None:
+    from djl_handlers.config.models import ServingConfig
+
+    config = ServingConfig.from_properties({"model_id": "x", "quantize": "dynamic_int8"}, engine="huggingface")
+    assert config.hf.quantize == "dynamic_int8"
+    with pytest.raises(ConfigError) as err:
+        ServingConfig.from_properties({"model_id": "x", "quantize": "int3"}, engine="huggingface")
+    assert "quantize" in str(err.value.field)
