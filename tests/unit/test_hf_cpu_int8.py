@@ -66,6 +66,18 @@ def test_quantize_linears_replaces_plain_layers_and_refuses_a_model_without_any(
     assert err.value.field == "option.quantize"
 
 
+def test_shared_sibling_gemm_gives_the_separate_layers_bits(tiny_model: Any) -> None:
+    import copy
+
+    model, _ = tiny_model
+    shared, alone = copy.deepcopy(model), copy.deepcopy(model)
+    assert int8.quantize_linears(shared) == int8.quantize_linears(alone, share=False)
+    assert int8.shared_groups(shared) == 4 and int8.shared_groups(alone) == 0
+    ids = torch.randint(0, 1000, (3, 9))
+    with torch.inference_mode():
+        assert torch.equal(shared(ids).logits, alone(ids).logits)
+
+
 def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any) -> None:
     from djl_handlers.config.models import ServingConfig
 
@@ -74,7 +86,7 @@ def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any) -> None:
     model, tok = engine.model, engine.tokenizer
     assert not [m for m in model.modules() if type(m) is torch.nn.Linear]
     assert engine.cpu_patches["cpu_linear"].startswith("applied: ") and "int8" in engine.cpu_patches["cpu_linear"]
-    assert engine.cpu_patches["cpu_fuse_projections"].startswith("off: option.quantize=dynamic_int8")
+    assert engine.cpu_patches["cpu_fuse_projections"].startswith("applied: 4 q/k/v and gate/up groups")
     prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x",
                                        "One two three four five six seven eight nine ten eleven twelve")]
     news = [7, 5, 9, 6]

@@ -18,8 +18,10 @@ sums (exact) and its scaling depend on that row alone. Greedy output of the batc
 on the embedded model (mean |d log p| 0.36 against 0.14). On a CPU without AVX-512 VNNI fbgemm sums
 pairs of products in 16 bits, which can saturate for rare activation/weight pairs near both ends.
 
-Measured against the prepacked fp32 oneDNN path (docs/engines.md, "Int8 on the CPU"); the
-weight-only ``aten._weight_int8pack_mm`` and inductor's ``onednn.qlinear_pointwise`` were slower.
+Sibling projections (q/k/v, gate/up) share one GEMM over their concatenated weights
+(:class:`Int8Sibling`), as ``option.cpu_fuse_projections`` does for the fp32 layers. Measured against
+the prepacked fp32 oneDNN path (docs/engines.md, "Int8 on the CPU"); the weight-only
+``aten._weight_int8pack_mm`` and inductor's ``onednn.qlinear_pointwise`` were slower.
 """
 
 from __future__ import annotations
@@ -90,21 +92,74 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
 
 
-def quantize_linears(model: Any) -> int:
-    """Replace every plain ``nn.Linear`` of ``model`` (on the CPU) by an :class:`Int8Linear`; returns
-    how many. Raises ``ConfigError`` (field ``option.quantize``) when this torch cannot, or the model
-    has no such layer."""
+class Int8Sibling(torch.nn.Module):
+    """One of sibling projections (q/k/v, gate/up) quantized as one :class:`Int8Linear` over their
+    concatenated weights: the first sibling called with a tensor runs the shared GEMM, the others
+    called with the same tensor (same in-place version) take their columns of it. The values are
+    bitwise those of separate layers (the same per-row activation scale, per-channel weight scales
+    and exact integer sums)."""
+
+    def __init__(self, shared: Int8Linear, start: int, stop: int, last: list[Any]) -> None:
+        super().__init__()
+        self.__dict__["shared"] = shared  # not a submodule: the siblings share it
+        self.__dict__["last"] = last  # [input, its version, output] of the shared GEMM's latest call
+        self.in_features, self.out_features = shared.in_features, stop - start
+        self.start, self.stop = start, stop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = self.__dict__["last"]
+        version = -1 if x.is_inference() else int(x._version)
+        if not (last[0] is x and last[1] == version):
+            last[:] = [x, version, self.__dict__["shared"](x)]
+        return last[2][..., self.start:self.stop].contiguous()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, shared GEMM"
+
+
+def _share(linears: list[torch.nn.Linear]) -> list[Int8Sibling]:
+    """``linears`` (siblings with one input) as :class:`Int8Sibling` modules over one shared int8 GEMM."""
+    joined = torch.nn.Linear(linears[0].in_features, sum(m.out_features for m in linears),
+                             bias=linears[0].bias is not None, device="meta")
+    joined.weight = torch.nn.Parameter(torch.cat([m.weight.detach() for m in linears]), requires_grad=False)
+    if joined.bias is not None:
+        joined.bias = torch.nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
+    shared, last, start, members = Int8Linear(joined), [None, -2, None], 0, []
+    for module in linears:
+        members.append(Int8Sibling(shared, start, start + module.out_features, last))
+        start += module.out_features
+    return members
+
+
+def quantize_linears(model: Any, share: bool = True) -> int:
+    """Replace every plain ``nn.Linear`` of ``model`` (on the CPU) by an :class:`Int8Linear` (with
+    ``share``, sibling q/k/v and gate/up projections by :class:`Int8Sibling` modules over one GEMM);
+    returns how many layers. Raises ``ConfigError`` (field ``option.quantize``) when this torch
+    cannot, or the model has no such layer."""
+    from djl_handlers.engines.hf.cpu.fused import sibling_groups
+
     why = unavailable_reason()
     if why is not None:
         raise ConfigError(f"option.quantize={NAME} cannot run here: {why}; drop option.quantize to serve "
                           "in fp32 or bf16", field="option.quantize")
-    targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+    targets = {id(child): (parent, name, child) for parent in model.modules()
+               for name, child in parent.named_children()
                if type(child) is torch.nn.Linear and child.weight.device.type == "cpu"
-               and child.weight.dtype in _DTYPES]
+               and child.weight.dtype in _DTYPES}
     if not targets:
         raise ConfigError(f"option.quantize={NAME}: the model has no plain nn.Linear layer on the CPU to "
                           "quantize (it is quantized already, or uses custom layers); drop option.quantize",
                           field="option.quantize")
-    for parent, name, child in targets:
+    count = len(targets)
+    for linears in sibling_groups(model) if share else []:
+        for module, member in zip(linears, _share(linears), strict=True):
+            parent, name, _ = targets.pop(id(module))
+            setattr(parent, name, member)
+    for parent, name, child in targets.values():
         setattr(parent, name, Int8Linear(child))
-    return len(targets)
+    return count
+
+
+def shared_groups(model: Any) -> int:
+    """How many shared int8 GEMMs (sibling groups) ``model`` has."""
+    return len({id(m.__dict__["shared"]) for m in model.modules() if isinstance(m, Int8Sibling)})

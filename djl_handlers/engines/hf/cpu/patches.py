@@ -90,8 +90,10 @@ def _linear(model: Any, options: HuggingFaceOptions) -> str:
 def _projections(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
     """``cpu_fuse_projections`` and the SiLU·mul MLPs that come with it."""
     if options.quantize == int8.NAME:
-        why = f"off: option.quantize={int8.NAME} (each int8 layer runs alone)"
-        return {"cpu_fuse_projections": why, "silu_mul": why}
+        groups = int8.shared_groups(model)
+        fused_text = (f"applied: {groups} q/k/v and gate/up groups, one int8 GEMM each" if groups
+                      else FELL_BACK + "no sibling q/k/v or gate/up nn.Linear layers")
+        return {"cpu_fuse_projections": fused_text, "silu_mul": f"off: option.quantize={int8.NAME}"}
     if options.cpu_linear != "onednn" or not options.cpu_fuse_projections:
         why = ("off: option.cpu_fuse_projections=false" if options.cpu_linear == "onednn"
                else "off: needs option.cpu_linear=onednn")
