@@ -198,6 +198,13 @@ def _cpu(serving_config: Any) -> dict[str, Any]:
 
     cpu = features().describe()
     cpu["kernelFlags"] = " ".join(flag_sets()[0])
+    hf = serving_config.get("hf")
+    if isinstance(hf, dict) and hf.get("quantize") == "dynamic_int8":
+        from djl_handlers.engines.hf.cpu.int8 import unavailable_reason
+
+        why = unavailable_reason()
+        cpu["int8"] = ("dynamic_int8: fbgemm int8 linear layers (per-channel weights, per-row dynamic activations)"
+                       if why is None else f"dynamic_int8 cannot run here: {why}")
     return {"cpu": cpu}
 
 

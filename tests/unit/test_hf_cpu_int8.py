@@ -102,3 +102,11 @@ def test_dynamic_int8_is_an_hf_quantize_value_and_others_are_refused() -> None:
     with pytest.raises(ConfigError) as err:
         ServingConfig.from_properties({"model_id": "x", "quantize": "int3"}, engine="huggingface")
     assert "quantize" in str(err.value.field)
+
+
+def test_check_shows_the_int8_path_for_a_cpu_model() -> None:
+    from djl_handlers.cli import _cpu
+
+    config = {"engine": "huggingface", "device": "cpu", "hf": {"quantize": "dynamic_int8"}}
+    assert _cpu(config)["cpu"]["int8"].startswith("dynamic_int8: fbgemm int8 linear layers")
+    assert "int8" not in _cpu({**config, "hf": {"quantize": None}})["cpu"]

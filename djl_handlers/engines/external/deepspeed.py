@@ -109,7 +109,8 @@ def _inference_kwargs(config: Any, model: Any, tp_size: int) -> dict[str, Any]:
         return kwargs
     if opts.quantize:
         raise ConfigError(
-            f"option.quantize={opts.quantize} needs DeepSpeed kernel injection, which djl_handlers does not use",
+            f"option.quantize={opts.quantize} needs DeepSpeed kernel injection, which djl_handlers does not use; "
+            "on a CPU, option.entryPoint=djl_handlers.huggingface with option.quantize=dynamic_int8 serves int8",
             field="option.quantize",
         )
     if opts.enable_cuda_graph:
