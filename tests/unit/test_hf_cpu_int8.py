@@ -110,3 +110,14 @@ def test_check_shows_the_int8_path_for_a_cpu_model() -> None:
     config = {"engine": "huggingface", "device": "cpu", "hf": {"quantize": "dynamic_int8"}}
     assert _cpu(config)["cpu"]["int8"].startswith("dynamic_int8: fbgemm int8 linear layers")
     assert "int8" not in _cpu({**config, "hf": {"quantize": None}})["cpu"]
+
+
+def test_int8_on_a_gpu_is_a_load_error_naming_the_option(tiny_dir: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from djl_handlers.config.models import ServingConfig
+    from djl_handlers.engines.hf import loader
+
+    monkeypatch.setattr(loader, "resolve_device", lambda device: "cuda:0")  # as on a machine with a GPU
+    props = {"model_id": str(tiny_dir), "dtype": "fp32", "rolling_batch": "scheduler", "quantize": "dynamic_int8"}
+    with pytest.raises(ConfigError, match="runs on the CPU only") as err:
+        loader.load_model(loader.LoadOptions.from_config(ServingConfig.from_properties(props, engine="huggingface")))
+    assert err.value.field == "option.quantize"
