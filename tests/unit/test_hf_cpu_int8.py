@@ -76,6 +76,11 @@ def test_shared_sibling_gemm_gives_the_separate_layers_bits(tiny_model: Any) -> 
     ids = torch.randint(0, 1000, (3, 9))
     with torch.inference_mode():
         assert torch.equal(shared(ids).logits, alone(ids).logits)
+    siblings = [m for m in shared.modules() if isinstance(m, int8.Int8Sibling)]
+    assert all(m.__dict__["last"][0] is None for m in siblings)  # no activations kept after a forward
+    q = shared.model.layers[0].self_attn.q_proj
+    x = torch.randn(2, 64)
+    assert torch.equal(q(x), q(x))  # a sibling called twice with one input computes again
 
 
 def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any) -> None:

@@ -102,16 +102,21 @@ class Int8Sibling(torch.nn.Module):
     def __init__(self, shared: Int8Linear, start: int, stop: int, last: list[Any]) -> None:
         super().__init__()
         self.__dict__["shared"] = shared  # not a submodule: the siblings share it
-        self.__dict__["last"] = last  # [input, its version, output] of the shared GEMM's latest call
+        # [input, its version, output, the siblings served, how many siblings] of the latest shared GEMM
+        self.__dict__["last"] = last
         self.in_features, self.out_features = shared.in_features, stop - start
         self.start, self.stop = start, stop
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         last = self.__dict__["last"]
         version = -1 if x.is_inference() else int(x._version)
-        if not (last[0] is x and last[1] == version):
-            last[:] = [x, version, self.__dict__["shared"](x)]
-        return last[2][..., self.start:self.stop].contiguous()
+        if not (last[0] is x and last[1] == version and self.start not in last[3]):
+            last[:4] = [x, version, self.__dict__["shared"](x), set()]
+        out = last[2][..., self.start:self.stop].contiguous()
+        last[3].add(self.start)
+        if len(last[3]) == last[4]:  # every sibling has its columns: keep no activations between calls
+            last[:4] = [None, -2, None, set()]
+        return out
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, shared GEMM"
@@ -124,7 +129,8 @@ def _share(linears: list[torch.nn.Linear]) -> list[Int8Sibling]:
     joined.weight = torch.nn.Parameter(torch.cat([m.weight.detach() for m in linears]), requires_grad=False)
     if joined.bias is not None:
         joined.bias = torch.nn.Parameter(torch.cat([m.bias.detach() for m in linears]), requires_grad=False)
-    shared, last, start, members = Int8Linear(joined), [None, -2, None], 0, []
+    last: list[Any] = [None, -2, None, set(), len(linears)]
+    shared, start, members = Int8Linear(joined), 0, []
     for module in linears:
         members.append(Int8Sibling(shared, start, start + module.out_features, last))
         start += module.out_features
