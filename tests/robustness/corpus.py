@@ -120,6 +120,8 @@ def _wrong_values(name: str) -> list[tuple[str, str]]:
     """(label, raw JSON) values that ``name`` must reject."""
     kind, low, high = _bounds(name)
     common = [("object", "{}"), ("list", "[]")]
+    if kind == "early_stopping":  # true, false or "never"
+        return common + [("int1", "1"), ("string", '"always"'), ("float", "1.0")]
     if kind == "boolean":
         return common + [("int1", "1"), ("int0", "0"), ("string", '"true"'), ("float", "1.0")]
     if kind == "strings":
@@ -352,8 +354,8 @@ def unknown_parameter_cases() -> Iterator[Case]:
     yield Case("unknown-param-null-value", body_with('"foo": null'), mentions=("foo",))
     yield Case("alias-stop-twice", body_with('"stop": ["a"], "stop_sequences": ["b"]'),
                mentions=("mean the same",))
-    yield Case("unsupported-presence-penalty-hf", body_with('"presence_penalty": 0.5'),
-               mentions=("presence_penalty", "not supported", "huggingface"))
+    yield Case("unsupported-typical-p-vllm", body_with('"typical_p": 0.5'), engine="vllm",
+               modes=(ROLLING,), mentions=("typical_p", "not supported", "vllm"))
     yield Case("unsupported-early-stopping-vllm", body_with('"early_stopping": true'), engine="vllm",
                modes=(ROLLING,), mentions=("early_stopping", "not supported", "vllm"))
     yield Case("unsupported-default-value-ok", body_with(f'"num_beams": 1, "max_new_tokens": {N}'), status=200,
@@ -465,16 +467,17 @@ def openai_cases() -> Iterator[Case]:
     yield Case("chat-route-with-prompt", dumps({"prompt": "x"}), api="chat", mentions=("prompt",))
     completion: dict[str, tuple[dict[str, Any], str]] = {
         "prompt-int": ({"prompt": 1}, "prompt"),
-        "prompt-two": ({"prompt": ["a", "b"]}, "prompt"),
-        "prompt-token-ids": ({"prompt": [1, 2, 3]}, "prompt"),
+        "prompt-mixed-list": ({"prompt": ["a", 1]}, "prompt"),
+        "prompt-negative-token-id": ({"prompt": [1, -2, 3]}, "prompt"),
+        "prompt-empty-list": ({"prompt": []}, "prompt"),
         "prompt-null": ({"prompt": None}, "prompt"),
         "suffix": ({"prompt": "x", "suffix": "y"}, "suffix"),
         "best-of-2-greedy": ({"prompt": "x", "best_of": 2, "temperature": 0}, "best_of"),
-        "logprobs-9": ({"prompt": "x", "logprobs": 9}, "logprobs"),
+        "logprobs-21": ({"prompt": "x", "logprobs": 21}, "logprobs"),
         "logprobs-bool": ({"prompt": "x", "logprobs": True}, "logprobs"),
         "echo-int": ({"prompt": "x", "echo": 1}, "echo"),
         "n-string": ({"prompt": "x", "n": "1"}, "n"),
-        "presence-penalty-hf": ({"prompt": "x", "presence_penalty": 1.0}, "presence_penalty"),
+        "presence-penalty-3": ({"prompt": "x", "presence_penalty": 3.0}, "presence_penalty"),
         "temperature-neg": ({"prompt": "x", "temperature": -1}, "temperature"),
         "frequency-penalty-string": ({"prompt": "x", "frequency_penalty": "high"}, "frequency_penalty"),
         "top-k-float": ({"prompt": "x", "top_k": 2.5}, "top_k"),
@@ -482,6 +485,13 @@ def openai_cases() -> Iterator[Case]:
     for label, (body, mention) in completion.items():
         yield Case(f"completion-{label}", dumps(body), mentions=(mention,))
     yield Case("completion-ok", dumps({"prompt": "x", "max_tokens": N, "temperature": 0}), status=200)
+    # prompts as lm-evaluation-harness sends them: token ids, and several in one request (a choice each)
+    two = dumps({"prompt": ["a", "b"], "max_tokens": N, "temperature": 0})
+    yield Case("completion-prompt-two-ok", two, status=200, modes=(ROLLING,))
+    # dynamic batching pads one generate() batch per request batch: one prompt per request there
+    yield Case("completion-prompt-two-dynamic", two, mentions=("prompt", "rolling batch"), modes=(DYNAMIC,))
+    yield Case("completion-prompt-token-ids-ok", dumps({"prompt": [1, 2, 3], "max_tokens": N, "temperature": 0}),
+               status=200)
     yield Case("completion-max-tokens-string", dumps({"prompt": "x", "max_tokens": "5"}), mentions=("max_tokens",))
     yield Case("chat-max-tokens-zero", dumps({"messages": CHAT_OK, "max_tokens": 0}), mentions=("max_tokens",))
     yield Case("completion-stop-int", dumps({"prompt": "x", "stop": 5}), mentions=("stop",))
