@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from djl_handlers.engines.hf.cpu.isa import cpu_flags, features
-
-_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+from djl_handlers.engines.hf.cpu.isa import BF16_FLAGS, cpu_flags, features
 
 
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
@@ -24,7 +22,7 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     (:mod:`~djl_handlers.engines.hf.cpu.isa`: ``ONEDNN_MAX_CPU_ISA`` can cap it below the flags)."""
     if cpuinfo is not None:
         flags = cpu_flags(cpuinfo)[1]
-        return any(f in flags for f in _NATIVE_BF16_FLAGS)
+        return any(f in flags for f in BF16_FLAGS)
     return features().native_bf16
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 LOG = logging.getLogger(__name__)
 
-_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 dot products in hardware
 _ONEDNN_BF16_FLAGS = ("avx512bw", "avx512vl", "avx512dq")
 
 
@@ -51,7 +51,7 @@ class CpuFeatures:
     def native_bf16(self) -> bool:
         """bf16 dot products in hardware (AVX512-BF16 or AMX) that oneDNN will use: bf16 is then
         faster than fp32; elsewhere bf16 is a storage format only."""
-        return self.onednn_bf16 and any(f in self.flags for f in _BF16_FLAGS)
+        return self.onednn_bf16 and any(f in self.flags for f in BF16_FLAGS)
 
     def describe(self) -> dict[str, Any]:
         """The report ``djl-handlers check`` prints (and the engine logs at load)."""
