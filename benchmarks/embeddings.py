@@ -12,7 +12,7 @@ With ``--vllm`` (``.venv-vllm`` present) vLLM's OpenAI server (what ``vllm serve
 runs) serves the same folder too, started with its defaults, and gets the same requests in the same
 rounds: the ratio served / vLLM is reported beside the other.
 
-    python -m benchmarks.embeddings [--clients 64] [--requests 256] [--rounds 3] [--vllm] [--quick]
+    python -m benchmarks.embeddings [--clients 64] [--requests 256] [--rounds 3] [--vllm [--vllm-dtype auto]] [--quick]
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ from benchmarks.common import ROOT, context, median, pct, print_table, rnd, stop
 
 EXAMPLE = ROOT / "serving.properties.examples" / "hf-embedding"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+MAX_TOKENS = 256  # all-MiniLM-L6-v2's max_seq_length
 
 
 def _workload(requests: int, seed: int, tokenizer: Any) -> list[list[str]]:
-    """``requests`` lists of 1-16 texts of 16-256 tokens, built from the tokenizer's plain words."""
+    """``requests`` lists of 1-16 texts of 16-256 words built from the tokenizer's plain words, each cut
+    (whole words) to the model's ``MAX_TOKENS`` with its special tokens: vLLM refuses a longer text."""
     rng = random.Random(seed)
     words = [w for w in tokenizer.get_vocab() if w.isalpha() and len(w) > 2][:5000]
     words.sort()
@@ -45,7 +47,10 @@ def _workload(requests: int, seed: int, tokenizer: Any) -> list[list[str]]:
         texts = []
         for _ in range(rng.randint(1, 16)):
             length = rng.randint(16, 256)
-            texts.append(" ".join(rng.choice(words) for _ in range(length))[: length * 8])
+            text = " ".join(rng.choice(words) for _ in range(length))[: length * 8]
+            while len(tokenizer(text)["input_ids"]) > MAX_TOKENS:  # both servers refuse or cut longer texts
+                text = text.rsplit(" ", 1)[0]
+            texts.append(text)
         out.append(texts)
     return out
 
@@ -63,8 +68,9 @@ def _start_server(log: Path) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError(f"the server did not start; see {log}")
 
 
-def _start_vllm(folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """vLLM's OpenAI server in pooling mode on ``folder``, fp32; returns (process, host:port)."""
+def _start_vllm(folder: Path, log: Path, dtype: str = "float32") -> tuple[subprocess.Popen[bytes], str]:
+    """vLLM's OpenAI server in pooling mode on ``folder`` in ``dtype`` (its ``auto`` runs a pooling
+    model in fp16 on an x86 CPU); returns (process, host:port)."""
     import os
     import urllib.request
 
@@ -74,7 +80,7 @@ def _start_vllm(folder: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2", "VLLM_CPU_KVCACHE_SPACE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-                             "--runner", "pooling", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+                             "--runner", "pooling", "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
                              "--enforce-eager"], env=env, cwd=str(ROOT), stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 900
@@ -124,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--vllm", action="store_true", help="also vLLM's OpenAI server in pooling mode")
+    parser.add_argument("--vllm-dtype", default="float32",
+                        help="vLLM's --dtype (default float32, as the served recipe; auto: vLLM's own choice)")
     parser.add_argument("--quick", action="store_true", help="32 requests, 1 round")
     args = parser.parse_args(argv)
     if args.quick:
@@ -139,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         if args.vllm:
-            servers["vllm"] = _start_vllm(embedder_dir(), logs / "vllm.log")
+            servers["vllm"] = _start_vllm(embedder_dir(), logs / "vllm.log", args.vllm_dtype)
         for _, url in servers.values():
             _served(url, _workload(8, 99, model.tokenizer), 8)  # warm-up
         for index in range(args.rounds):
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_process(proc)
     print_table(rows, list(rows[0]), f"MiniLM embeddings, {args.clients} clients")
     summary: dict[str, Any] = {"ratio_median": median([r["ratio"] for r in rows]), "rounds": rows,
-                               "clients": args.clients}
+                               "clients": args.clients, "vllm_dtype": args.vllm_dtype if args.vllm else None}
     if args.vllm:
         summary["ratio_vllm_median"] = median([r["ratio_vllm"] for r in rows])
     print(json.dumps({k: v for k, v in summary.items() if k.startswith("ratio")}))
