@@ -24,9 +24,10 @@ class BuildPyWithExamples(build_py):
 
 VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "djl_handlers" / "__about__.py").read_text()).group(1)
 
-# peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself)
+# peft: LoRA adapters are made/merged with it in tests (serving reads adapter files itself);
+# Pillow: images in chat requests are decoded with it (djl_handlers/media), as the models' processors read them
 HF = ["torch>=2.4", "transformers>=5.0,<5.40", "accelerate>=1.0", "safetensors", "gguf>=0.10", "sentencepiece", "tqdm",
-      "peft>=0.17", "xgrammar>=0.2.8,<0.3"]
+      "peft>=0.17", "xgrammar>=0.2.8,<0.3", "Pillow>=9.4"]
 # uvloop + httptools: uvicorn's fast event loop and HTTP parser (picked automatically when installed)
 SERVER = ["starlette>=0.40", "uvicorn>=0.30", "anyio>=4", "prometheus-client>=0.20",
           "uvloop>=0.19; sys_platform != 'win32' and platform_python_implementation == 'CPython'",

@@ -43,6 +43,7 @@ from djl_handlers.extensions import (
 )
 from djl_handlers.io.compat import new_output
 from djl_handlers.scheduling.async_driver import AsyncDriver, Subscription
+from djl_handlers.scheduling.media import preload_images
 from djl_handlers.scheduling.rolling import RollingBatch, error_slot
 from djl_handlers.sessions.gate import SessionGate
 
@@ -107,6 +108,7 @@ class AsyncMode:
             session = screened.session
         try:
             request = self._service.parse_one(inputs)
+            await preload_images(self._batch.engine, request)  # off the loop: a remote fetch may wait
         except DjlHandlersError as exc:
             LOG.info("RequestId=[%s] rejected: %s", inputs.get_property(REQUEST_ID_PROPERTY) or "-", exc)
             from djl_handlers.dialects.registry import error_formatter

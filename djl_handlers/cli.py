@@ -208,6 +208,29 @@ def _cpu(serving_config: Any) -> dict[str, Any]:
     return {"cpu": cpu}
 
 
+def _multimodal(serving_config: Any) -> dict[str, Any]:
+    """``check``'s ``multimodal`` section: whether the model folder is a vision-language model and,
+    when it is, the image limits requests meet (config/media.py)."""
+    if not isinstance(serving_config, dict) or not serving_config.get("model_id"):
+        return {}
+    from djl_handlers.engines.hf.loader import is_vision_model, read_config
+
+    model_id = str(serving_config["model_id"])
+    if not is_vision_model(model_id):
+        return {"multimodal": {"images": False}}
+    media = serving_config.get("media") or {}
+    takes = serving_config.get("engine") in ("huggingface", "vllm", "lmi-dist")
+    return {"multimodal": {
+        "images": takes, "modelType": read_config(model_id).get("model_type"),
+        "limitMmPerPrompt": {"image": media.get("limit_images")},
+        "allowedMediaDomains": media.get("allowed_media_domains") or [],
+        "allowedLocalMediaPath": media.get("allowed_local_media_path"),
+        "mediaFetchTimeout": media.get("fetch_timeout"), "maxImageBytes": media.get("max_image_bytes"),
+        "maxImagePixels": media.get("max_image_pixels"),
+        **({} if takes else {"note": "this engine serves text only: image parts get a 400"}),
+    }}
+
+
 def _architecture(report: dict[str, Any], verbose: bool) -> None:
     """A generator served by the transformers engines must be a causal LM transformers can load:
     said here, before any weight is read (the init call would fail the same way, later)."""
@@ -243,6 +266,7 @@ def _check(model_dir: str, verbose: bool = False) -> int:
         report["adapters"] = _adapters(settings)
         _architecture(report, verbose)
         report.update(_cpu(report.get("servingConfig")))
+        report.update(_multimodal(report.get("servingConfig")))
     except Exception as exc:
         print(f"djl-handlers: check failed for {settings.model_dir}: {message_of(exc)}", file=sys.stderr)
         return 1

@@ -118,6 +118,8 @@ class InferenceService:
             reasoning_parser=config.chat.reasoning_parser,
             tool_call_parser=config.chat.tool_call_parser,
             adapters=self.lora.registry if self.lora is not None else None,
+            image_limit=_image_limit(engine),
+            image_placeholder=str(getattr(engine, "image_placeholder", "") or ""),
         )
         self.streaming = config.enable_streaming in ("true", "huggingface")
         if is_async:  # one request per awaited call; the engine loop is ours
@@ -341,6 +343,12 @@ def _chat_template(engine: Engine, override: Optional[str] = None) -> Optional[C
     texts = template.values() if isinstance(template, dict) else [template]
     render.reads_tools = any("tools" in str(t) for t in texts)  # type: ignore[attr-defined]
     return render
+
+
+def _image_limit(engine: Engine) -> int:
+    """The images a prompt may carry: the engine's media limit for a vision-language model, else 0."""
+    media = getattr(engine, "media_options", None)  # set by engines serving a vision-language model
+    return int(media.limit_images) if media is not None else 0
 
 
 def _awaited_without_async_mode(props: Mapping[str, Any]) -> bool:

@@ -1,7 +1,8 @@
 """The model kind a model directory serves, chosen once at load: generation, embedding or reranking.
 
 ``option.task`` names it with DJL's, SageMaker's and vLLM's words (case-insensitive, ``-`` and ``_``
-alike): ``text_generation`` (and ``text2text_generation``, ``chat``, ``generate``) for generation;
+alike): ``text_generation`` (and ``text2text_generation``, ``chat``, ``generate``, and for
+vision-language models ``image_text_to_text``, ``visual_question_answering``) for generation;
 ``text_embedding``, ``feature_extraction``, ``sentence_similarity``, ``embedding``/``embed`` for
 embeddings; ``text_classification``, ``cross_encoder``, ``rerank``/``reranking``, ``score`` for a
 cross-encoder's relevance scores. Unset, the model's ``config.json`` decides: a
@@ -31,6 +32,7 @@ RERANK = "rerank"
 
 _TASKS: dict[str, str] = {
     "text_generation": GENERATION, "text2text_generation": GENERATION, "chat": GENERATION, "generate": GENERATION,
+    "image_text_to_text": GENERATION, "visual_question_answering": GENERATION,
     "text_embedding": EMBEDDING, "feature_extraction": EMBEDDING, "sentence_similarity": EMBEDDING,
     "embedding": EMBEDDING, "embed": EMBEDDING,
     "text_classification": RERANK, "cross_encoder": RERANK, "rerank": RERANK, "reranking": RERANK,

@@ -18,6 +18,7 @@ from djl_handlers.config.chat import ChatOptions, read_chat_options
 from djl_handlers.config.engines import DTYPE_NAMES, ENGINES, canonical_engine
 from djl_handlers.config.hf import HuggingFaceOptions, read_hf_options
 from djl_handlers.config.kinds import PoolingOptions, read_pooling
+from djl_handlers.config.media import MediaOptions, read_media_options
 from djl_handlers.config.parallel import ParallelOptions, read_parallel
 from djl_handlers.config.reader import Reader
 from djl_handlers.config.resolve import is_async_value
@@ -285,6 +286,7 @@ class ServingConfig:
     pooling: PoolingOptions = field(default_factory=PoolingOptions)  # the embedding/rerank kinds (config/kinds.py)
     chat: ChatOptions = field(default_factory=ChatOptions)  # reasoning and tool-call parsers (config/chat.py)
     sessions: SessionOptions = field(default_factory=SessionOptions)  # LMI's stateful sessions (config/sessions.py)
+    media: MediaOptions = field(default_factory=MediaOptions)  # images of vision-language models (config/media.py)
     raw: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -315,6 +317,7 @@ class ServingConfig:
             pooling=read_pooling(reader),
             chat=read_chat_options(reader, common["model_dir"]),
             sessions=read_session_options(reader),
+            media=read_media_options(reader),
             raw={str(k): str(v) for k, v in options.items()},
         )
 

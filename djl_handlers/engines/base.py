@@ -15,6 +15,7 @@ from djl_handlers.errors import PromptTooLong
 
 if TYPE_CHECKING:
     from djl_handlers.config.models import ServingConfig
+    from djl_handlers.media.records import MediaInputs
     from djl_handlers.params.generation import GenerationParameters
 
 
@@ -35,6 +36,7 @@ class EngineRequest:
     adapter: Optional[str] = None
     sample_ids: tuple[int, ...] = ()
     session: Optional[str] = None  # the stateful session it belongs to (the HF engine pins its prefix)
+    media: Optional[MediaInputs] = None  # a vision-language prompt's images (engines that take them)
 
 
 @dataclass(frozen=True)

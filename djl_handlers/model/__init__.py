@@ -7,7 +7,10 @@
   tokenizer, for fast plumbing tests;
 - :mod:`djl_handlers.model.architectures`: ``build_model_dir(path, name)`` writes a random-weight model of
   another architecture (Qwen2, Phi, a ~1 B Llama) from a config at a fixed seed, with the same tokenizer,
-  for tests (small shapes) and benchmarks.
+  for tests (small shapes) and benchmarks;
+- :mod:`djl_handlers.model.tiny_vision`: ``tiny_vlm_dir(path, arch)`` writes a random-weight
+  vision-language model (LLaVA-style or Idefics3/SmolVLM-style) with its processor, for tests and
+  benchmarks of image requests.
 
 Import the submodules directly; this package does no work at import time.
 """

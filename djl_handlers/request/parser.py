@@ -21,6 +21,9 @@ from typing import Any, Optional, Union
 
 from djl_handlers.errors import InvalidParameter, InvalidRequest, UnsupportedMediaType
 from djl_handlers.lora.selection import AdapterNames, select_adapters
+from djl_handlers.media.markdown import inline_images
+from djl_handlers.media.records import ImageRef
+from djl_handlers.media.refs import check_image_count
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.records import FormatterFunction, Request
@@ -52,6 +55,8 @@ class ParserSettings:
     adapters: Optional[AdapterNames] = None  # the service's adapter registry; None: LoRA disabled
     reasoning_parser: Optional[str] = None  # option.reasoning_parser (parsers.registry); None: not split
     tool_call_parser: str = "json"  # the parser of tool_choice auto replies (option.tool_call_parser)
+    image_limit: int = 0  # images a prompt may carry (option.limit_mm_per_prompt); 0: the model takes text only
+    image_placeholder: str = ""  # the model's image placeholder text (TGI's inline images in inputs)
 
 
 def decode_body(item: Any) -> Any:
@@ -126,10 +131,15 @@ def lmi_request(item: Any, body: dict[str, Any], settings: ParserSettings) -> Re
     if formatter is not None and not isinstance(formatter, str) and not callable(formatter):
         raise InvalidParameter("parameters.output_formatter must be a string", field="output_formatter")
     gen = generation_parameters(item, params, settings)
+    media: tuple[ImageRef, ...] = ()
+    if isinstance(inputs, str) and settings.image_limit and settings.image_placeholder:
+        inputs, media = inline_images(inputs, settings.image_placeholder)  # TGI's ![](url) links
+        check_image_count(media, settings.image_limit)
     prompt = inputs if isinstance(inputs, str) else inputs[0]
     count = 1 if isinstance(inputs, str) else len(inputs)
     adapters = select_adapters(body.get("adapters"), item, count, settings.adapters)
     return Request(
+        media=media,
         prompt=prompt,
         params=gen,
         stream=stream,

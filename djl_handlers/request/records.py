@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 if TYPE_CHECKING:
+    from djl_handlers.media.records import ImageRef, MediaInputs
     from djl_handlers.params.generation import GenerationParameters
 
 FinishReason = str  # "length" | "eos_token" | "stop_sequence" | "error"
@@ -124,6 +125,9 @@ class Request:
     prompt_ids: Optional[tuple[int, ...]] = None
     per_prompt: tuple[Request, ...] = ()
     session: Optional[str] = None  # the LMI stateful session it is served in (async mode; sessions/)
+    media: tuple[ImageRef, ...] = ()  # the images of a vision-language prompt, in prompt order (media/)
+    # the processor's ids and the media for those images, once prepared (scheduling/media.py)
+    encoded: Optional[tuple[list[int], MediaInputs]] = None
 
     def adapter_of(self, index: int = 0) -> Optional[str]:
         """The adapter of prompt ``index`` (None: the base model)."""

@@ -19,8 +19,10 @@ from typing import Any, Optional
 from djl_handlers.engines.base import Engine, EngineRequest, StaticEngine, StepOutput
 from djl_handlers.errors import InvalidParameter, error_body, output_error_body
 from djl_handlers.formatting.base import Formatter
+from djl_handlers.media.records import MediaInputs
 from djl_handlers.params.samples import sample_count, sample_field
 from djl_handlers.request.records import Request, RequestOutput
+from djl_handlers.scheduling.media import tokenize_media
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
 _IDS = count(1 << 40)
@@ -73,7 +75,11 @@ FormatterFor = Callable[[Request], Optional[Any]]
 def _new_slot(engine: Engine, request: Request, prompt: str, index: int = 0,
               whole: bool = False) -> tuple[RequestSlot, list[int]]:
     """A slot for prompt ``index``; ``whole`` keeps the request itself (a formatter needs its dialect fields)."""
-    ids = tokenize_prompt(engine, request, None if whole else prompt)
+    if request.media:  # one prompt with images: the processor's ids; the media stay on the request
+        ids = tokenize_media(engine, request)[0]
+        whole = True
+    else:
+        ids = tokenize_prompt(engine, request, None if whole else prompt)
     adapter = request.adapter_of(index)
     sub = request if whole else Request(prompt=prompt, params=request.params, inputs=prompt,
                                         adapters=(adapter,) if adapter else ())
@@ -81,6 +87,12 @@ def _new_slot(engine: Engine, request: Request, prompt: str, index: int = 0,
         sub, _NoFormatter(), next(_IDS), ids, engine.tokenizer, engine.eos_token_ids, engine.max_model_len
     )
     return slot, ids
+
+
+def _media_of(slot: RequestSlot) -> Optional[MediaInputs]:
+    """The media of a slot's prompt with images (prepared by ``tokenize_media``), else None."""
+    encoded = slot.request.encoded
+    return encoded[1] if encoded is not None else None
 
 
 def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
@@ -132,10 +144,10 @@ def run_dynamic_batch(engine: Engine, requests: Sequence[Request],
 
 
 def _run_group(engine: Engine, members: list[tuple[RequestSlot, list[int]]]) -> None:
-    reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt, s.request.adapter_of(0))
-            for s, ids in members]
+    reqs = [EngineRequest(s.request_id, ids, s.request.params, s.request.prompt, s.request.adapter_of(0),
+                          media=_media_of(s)) for s, ids in members]
     try:
-        if isinstance(engine, StaticEngine):
+        if isinstance(engine, StaticEngine) and not any(r.media for r in reqs):  # generate() takes no images
             for (slot, _), outputs in zip(members, engine.generate_static(reqs), strict=True):
                 for step in outputs:
                     slot.consume(step)
@@ -176,7 +188,7 @@ def stream_dynamic_request(engine: Engine, request: Request) -> Iterator[list[st
     by_id = {s.request_id: s for s, _ in made}
     for slot, ids in made:
         engine.add_request(EngineRequest(slot.request_id, ids, request.params, slot.request.prompt,
-                                         slot.request.adapter_of(0)))
+                                         slot.request.adapter_of(0), media=_media_of(slot)))
     live = set(by_id)
     try:
         while live:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any, Optional
 
 from djl_handlers.engines.base import Engine, EngineRequest
@@ -23,6 +24,8 @@ from djl_handlers.errors import DjlHandlersError, message_of, safe_text, status_
 from djl_handlers.formatting.base import Formatter
 from djl_handlers.params.samples import sample_count, sample_seed
 from djl_handlers.request.records import Request
+from djl_handlers.scheduling.media import prepare_media, takes_images, tokenize_media
+from djl_handlers.scheduling.preparing import MediaPool, PreparingSlot
 from djl_handlers.scheduling.prompts import PromptGroup, check_prompt_list, engine_ids
 from djl_handlers.scheduling.samples import SampleGroup, check_sample_format
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
@@ -30,6 +33,7 @@ from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 LOG = logging.getLogger(__name__)
 
 FormatterFactory = Callable[[Request], Any]
+PREPARE_WAIT_S = 0.05  # how long a step with only preparing requests waits for one to be ready
 
 
 class RollingBatch:
@@ -40,22 +44,62 @@ class RollingBatch:
         self._formatter_factory = formatter_factory
         self.slots: list[RequestSlot] = []
         self._next_id = 0
+        self._media = MediaPool()  # prepares requests' images off the step thread (scheduling/preparing.py)
+        self._preparing = 0  # PreparingSlots in ``slots`` (a step looks for ready ones only when some are)
 
     def __len__(self) -> int:
         return len(self.slots)
 
     # -- admission ---------------------------------------------------------------------------
     def add_request(self, request: Request) -> RequestSlot:
-        """Append a parsed request; failures become an error slot, never an exception."""
+        """Append a parsed request; failures become an error slot, never an exception. A request whose
+        images are not prepared yet takes its place as a ``PreparingSlot`` while a pool thread prepares
+        them (:mod:`.preparing`); a later step admits it."""
+        if request.media and request.encoded is None and takes_images(self.engine):
+            try:
+                formatter = self._formatter_factory(request)
+            except DjlHandlersError as exc:
+                slot = error_slot(exc, request, None, self._new_id())
+            else:
+                future = self._media.submit(prepare_media, self.engine, request)
+                slot = PreparingSlot(request, formatter, self._new_id(), future)
+                self._preparing += 1
+            self.slots.append(slot)
+            return slot
         slot, engine_requests = self.prepare(request)
         self.slots.append(slot)
+        self._enter(slot, engine_requests)
+        return slot
+
+    def _enter(self, slot: RequestSlot, engine_requests: list[EngineRequest]) -> None:
+        """Give ``slot``'s requests to the engine (a refusal fails the slot)."""
         try:
             for engine_request in engine_requests:
                 self.engine.add_request(engine_request)
                 slot.in_engine = True
         except Exception as exc:  # noqa: BLE001
             slot.fail(message_of(exc), status_of(exc))
-        return slot
+
+    def _admit_prepared(self) -> None:
+        """Put each ``PreparingSlot`` whose media are ready in its place as a real slot (or its error);
+        with nothing else to step, wait briefly for one rather than spin."""
+        if not self._preparing:
+            return
+        waiting = [s for s in self.slots if isinstance(s, PreparingSlot)]
+        self._preparing = len(waiting)  # finished ones (cancelled, failed) are dropped after each step
+        if not any(s.in_engine and not s.finished for s in self.slots):
+            wait([s.future for s in waiting if not s.finished], timeout=PREPARE_WAIT_S, return_when=FIRST_COMPLETED)
+        for index, slot in enumerate(self.slots):
+            if not isinstance(slot, PreparingSlot) or slot.finished or not slot.future.done():
+                continue
+            self._preparing -= 1
+            failure = slot.future.exception()
+            if failure is not None:
+                slot.fail(_naming_field(failure), status_of(failure), _field_of(failure))
+                continue
+            real, engine_requests = self._prepare_slot(slot.request, slot.formatter, slot.request_id)
+            self.slots[index] = real
+            self._enter(real, engine_requests)
 
     def prepare(self, request: Request) -> tuple[RequestSlot, list[EngineRequest]]:
         """A new slot for ``request`` and what to give the engine (empty: the slot already failed,
@@ -66,6 +110,11 @@ class RollingBatch:
             formatter = self._formatter_factory(request)
         except DjlHandlersError as exc:
             return error_slot(exc, request, None, slot_id), []
+        return self._prepare_slot(request, formatter, slot_id)
+
+    def _prepare_slot(self, request: Request, formatter: Formatter,
+                      slot_id: int) -> tuple[RequestSlot, list[EngineRequest]]:
+        """``prepare`` once the formatter is made."""
         try:
             check_sample_format(request, formatter)
             check_prompt_list(request)
@@ -82,7 +131,11 @@ class RollingBatch:
 
     def _prepare_one(self, request: Request, formatter: Formatter, slot_id: int) -> tuple[RequestSlot, EngineRequest]:
         """The slot of one prompt (a ``SampleGroup`` for several samples) and its engine request."""
-        prompt_ids = self._tokenize(request)
+        media = None
+        if request.media:
+            prompt_ids, media = tokenize_media(self.engine, request)
+        else:
+            prompt_ids = self._tokenize(request)
         adapter = request.adapter_of(0)
         if sample_count(request.params) > 1:
             ids = [slot_id, *(self._new_id() for _ in range(sample_count(request.params) - 1))]
@@ -90,7 +143,7 @@ class RollingBatch:
                                 eos_token_ids=self.engine.eos_token_ids, max_model_len=self.engine.max_model_len,
                                 release=self._release_id, seed_of=getattr(self.engine, "sample_seed", sample_seed))
             return group, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter, tuple(ids[1:]),
-                                        session=request.session)
+                                        session=request.session, media=media)
         slot = RequestSlot(
             request,
             formatter,
@@ -101,7 +154,7 @@ class RollingBatch:
             max_model_len=self.engine.max_model_len,
         )
         return slot, EngineRequest(slot_id, prompt_ids, request.params, request.prompt, adapter,
-                                   session=request.session)
+                                   session=request.session, media=media)
 
     def add_error(
         self, exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None
@@ -128,6 +181,7 @@ class RollingBatch:
     def step(self) -> list[tuple[dict[str, Any], str]]:
         """Advance every request by one step; return one (record, content type) per slot, in
         order, and drop finished slots."""
+        self._admit_prepared()
         self._run_engine()
         results: list[tuple[dict[str, Any], str]] = []
         for slot in self.slots:
@@ -172,6 +226,7 @@ class RollingBatch:
             if slot.in_engine:
                 self._release(slot)
         self.slots = []
+        self._preparing = 0
 
 
 def error_slot(exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None,

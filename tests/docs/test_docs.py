@@ -147,6 +147,11 @@ class _AnyAdapter:
         return None
 
 
+def _template(messages: list[dict[str, Any]], **_: Any) -> str:
+    """A stand-in chat template (chat examples are parsed as for a vision-language model)."""
+    return json.dumps(messages)
+
+
 def check_request_body(body: Any) -> None:
     """A request example must get past the real parser (dynamic batch when ``inputs`` is a list)."""
     if not isinstance(body, dict) or not ({"inputs", "messages", "prompt"} & set(body)):
@@ -154,7 +159,8 @@ def check_request_body(body: Any) -> None:
     rolling = not isinstance(body.get("inputs"), list)
     item = Input.from_parts({"Content-Type": "application/json"}, [("data", json.dumps(body).encode())])
     try:
-        parse_request(item, ParserSettings(rolling_batch=rolling, adapters=_AnyAdapter()))
+        parse_request(item, ParserSettings(rolling_batch=rolling, adapters=_AnyAdapter(), chat_template=_template,
+                                           image_limit=8, image_placeholder="<image>"))
     except DjlHandlersError as exc:
         raise AssertionError(f"request example rejected by the parser: {exc.message}") from None
 

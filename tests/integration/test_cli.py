@@ -145,14 +145,19 @@ def test_default_model_dir_is_the_rolling_example() -> None:
 
 def test_a_config_the_engine_cannot_load_fails_in_a_sentence(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """A vision-language folder on the text engine: check says what and why in a sentence; the full list
-    of loadable classes (hundreds) only with --verbose."""
+    """An encoder-decoder folder on the generation engine: check says what and why in a sentence; the
+    full list of loadable classes (hundreds) only with --verbose. A vision-language folder loads (its
+    own class): check shows it takes images."""
     transformers = pytest.importorskip("transformers")
-    transformers.LlavaConfig().save_pretrained(str(tmp_path))
+    vision = tmp_path / "llava"
+    transformers.LlavaConfig().save_pretrained(str(vision))
+    assert main(["check", str(_hf_dir(vision, "option.rolling_batch=scheduler"))]) == 0
+    assert '"images": true' in capsys.readouterr().out
+    transformers.T5Config().save_pretrained(str(tmp_path))
     model = _hf_dir(tmp_path, "option.rolling_batch=scheduler")
     assert main(["check", str(model)]) == 1
     short = capsys.readouterr().err
-    assert "LlavaConfig" in short and "vision-language" in short and "--verbose" in short
+    assert "T5Config" in short and "causal LM" in short and "--verbose" in short
     assert len(short) < 500 and "LlamaConfig" not in short
     assert main(["check", "--verbose", str(model)]) == 1
     full = capsys.readouterr().err

@@ -197,10 +197,12 @@ def _async_checks(server: DjlServer) -> None:
             assert reply.status_code == 200 and reply.json()["generated_text"]
 
 
-@pytest.mark.parametrize("name", ["deepspeed", "vllm"])
+@pytest.mark.parametrize("name", ["deepspeed"])
 def test_example_in_async_mode_on_djl(djl_ready: None, tmp_path: Path, name: str) -> None:
     """The same examples with ``option.async_mode=true`` (and ``rolling_batch=disable``, as DJL 0.36
-    writes it): DJL's PythonAsyncEngine awaits our handler per request."""
+    writes it): DJL's PythonAsyncEngine awaits our handler per request. vLLM's async mode behind DJL
+    (``AsyncLLM``, DJL 0.36 with ``SERVING_FEATURES=vllm``) is test_djl_vllm_parallel.py's, which
+    starts vLLM once for it; a second vLLM start here cost minutes of the suite."""
     reason = _skip_reason(name)
     if reason:
         pytest.skip(reason)

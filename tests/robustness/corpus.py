@@ -440,6 +440,14 @@ def openai_cases() -> Iterator[Case]:
         "messages-role-int": ({"messages": [{"role": 1, "content": "hi"}]}, "messages"),
         "messages-content-null": ({"messages": [{"role": "user", "content": None}]}, "content"),
         "messages-not-objects": ({"messages": ["hi"]}, "messages"),
+        # images on a text model, and parts this server does not take (docs/vision.md)
+        "image-on-text-model": ({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            {"type": "text", "text": "hi"}]}]}, "messages[0].content[0].image_url"),
+        "image-url-empty": ({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": ""}}]}]}, "messages[0].content[0].image_url"),
+        "audio-part": ({"messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}, "messages[0].content[0]"),
         "tools": ({"messages": CHAT_OK, "tools": []}, "tools"),
         # the corpus's fake engine has no grammar engine: a constraint is refused, never ignored
         "response-format": ({"messages": CHAT_OK, "response_format": {"type": "json_object"}}, "structured output"),

@@ -71,9 +71,15 @@ _MESSAGE = {
     "type": "object", "required": ["role"],
     "properties": {
         "role": {"type": "string"},
-        "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-            "type": "object", "required": ["type", "text"],
-            "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
+        "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"anyOf": [
+            {"type": "object", "required": ["type", "text"],
+             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+            # an image (user messages of a vision-language model, docs/vision.md)
+            {"type": "object", "required": ["type", "image_url"],
+             "properties": {"type": {"const": "image_url"}, "image_url": {"anyOf": [{"type": "string"}, {
+                 "type": "object", "required": ["url"], "properties": {
+                     "url": {"type": "string"}, "detail": {"enum": ["auto", "low", "high"]}}}]}}},
+        ]}}]},
         "name": {"type": "string"}, "tool_call_id": {"type": "string"},
         "tool_calls": {"type": "array", "items": _OBJECT},
     },

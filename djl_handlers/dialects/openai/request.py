@@ -50,6 +50,8 @@ from djl_handlers.dialects.openai.reading import reply_reading
 from djl_handlers.dialects.openai.tools import check_messages, parse_tools, render_messages
 from djl_handlers.errors import DjlHandlersError, InvalidParameter, InvalidRequest
 from djl_handlers.lora.selection import openai_adapter, select_adapters
+from djl_handlers.media.records import ImageRef
+from djl_handlers.media.refs import check_image_count
 from djl_handlers.params.support import supported_parameters
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.parser import ChatTemplate, ParserSettings, check_text, generation_parameters
@@ -83,6 +85,7 @@ class OpenAIRequest:
     tools: Optional[ToolPlan] = None  # set when the reply may be a tool call
     add_special_tokens: Optional[bool] = None  # None: the tokenizer's default
     prompts: tuple[Prompt, ...] = ()  # completions: every prompt (text or token ids), in order
+    media: tuple[ImageRef, ...] = ()  # chat: the image parts, in prompt order (dialects/openai/content.py)
 
 
 def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *, chat: bool) -> Request:
@@ -94,6 +97,7 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
         adapters = (by_model,) if by_model else ()
     req = (chat_to_lmi(rest, settings.chat_template, reasoning=settings.reasoning_parser,
                        tool_parser=settings.tool_call_parser) if chat else completion_to_lmi(rest))
+    check_image_count(req.media, settings.image_limit)
     if "top_n_tokens" not in supported_parameters(settings.engine):
         req.parameters.pop("top_n_tokens", None)  # the engine reports no alternatives: the chosen token only
     if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
@@ -109,7 +113,7 @@ def openai_request(item: Any, body: dict[str, Any], settings: ParserSettings, *,
     request = Request(prompt=req.prompt, params=gen, stream=req.stream, output_formatter=req.formatter,
                       inputs=req.prompt, seed=gen.seed if is_sampling(gen) else None,
                       properties=dict(item.get_properties()), adapters=adapters, tools=req.tools,
-                      response_options=options, add_special_tokens=req.add_special_tokens)
+                      response_options=options, add_special_tokens=req.add_special_tokens, media=req.media)
     return with_prompts(request, req.prompts)
 
 
@@ -118,7 +122,8 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate], *, 
     """Validate a ``/v1/chat/completions`` body and render its messages with the chat template;
     ``reasoning`` and ``tool_parser``: the model's parsers (:mod:`.reading`)."""
     _check_fields(body, CHAT)
-    messages = check_messages(body.get("messages"), check_text)
+    images: list[ImageRef] = []
+    messages = check_messages(body.get("messages"), check_text, images)
     plan = parse_tools(body)
     if chat_template is None:
         raise InvalidRequest(
@@ -145,9 +150,9 @@ def chat_to_lmi(body: dict[str, Any], chat_template: Optional[ChatTemplate], *, 
     options = reply_reading(body, reasoning, tool_parser, plan, params, options)
     if plan.may_call or options.reasoning_parser:
         return OpenAIRequest(prompt, params, stream, "chat_tools_sse" if stream else "chat_json", options, plan,
-                             add_special_tokens=special)
+                             add_special_tokens=special, media=tuple(images))
     return OpenAIRequest(prompt, params, stream, "chat_sse" if stream else "chat_json", options,
-                         add_special_tokens=special)
+                         add_special_tokens=special, media=tuple(images))
 
 
 def template_options(body: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,9 @@ import re
 from collections.abc import Callable
 from typing import Any, Optional
 
+from djl_handlers.dialects.openai.content import read_content
 from djl_handlers.errors import InvalidParameter, InvalidRequest
+from djl_handlers.media.records import ImageRef
 from djl_handlers.request.records import ToolPlan
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -128,9 +130,12 @@ def _required_schema(tools: list[dict[str, Any]], parallel: bool) -> dict[str, A
 # --------------------------------------------------------------------------- messages
 
 
-def check_messages(messages: Any, text_check: Callable[[str, str], Any]) -> list[dict[str, Any]]:
-    """Validate OpenAI chat messages (system/user/assistant/tool, assistant ``tool_calls``, text
-    content parts); returns them with content as a string (or None)."""
+def check_messages(messages: Any, text_check: Callable[[str, str], Any],
+                   images: Optional[list[ImageRef]] = None) -> list[dict[str, Any]]:
+    """Validate OpenAI chat messages (system/user/assistant/tool, assistant ``tool_calls``, content
+    parts); returns them with content as a string (or None), or as a list of text and image items
+    for a user message with images (:mod:`.content`; their references appended to ``images``; with
+    ``images`` None an image part is refused)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list of {role, content} objects", field="messages")
     out = []
@@ -138,11 +143,11 @@ def check_messages(messages: Any, text_check: Callable[[str, str], Any]) -> list
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", field="messages")
         role = text_check(msg["role"], "messages")
-        content = _content(msg.get("content"), i)
+        content = _message_content(msg.get("content"), i, role, images, text_check)
         calls = msg.get("tool_calls")
         if content is None and not (role == "assistant" and calls):
             raise InvalidRequest(f"messages[{i}].content must be a string", field="messages")
-        if content is not None:
+        if isinstance(content, str):
             text_check(content, "messages")
         item: dict[str, Any] = {"role": role, "content": content}
         if calls is not None:
@@ -161,14 +166,15 @@ def check_messages(messages: Any, text_check: Callable[[str, str], Any]) -> list
     return out
 
 
-def _content(content: Any, i: int) -> Optional[str]:
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        texts = [p.get("text") for p in content]
-        if all(isinstance(t, str) for t in texts):
-            return "".join(texts)
-    raise InvalidRequest(f"messages[{i}].content must be a string or a list of text parts", field="messages")
+def _message_content(content: Any, i: int, role: str, images: Optional[list[ImageRef]],
+                     text_check: Callable[[str, str], Any]) -> Any:
+    found: list[ImageRef] = []
+    read = read_content(content, i, role, found, text_check)
+    if found and images is None:
+        raise InvalidRequest(f"{found[0].part}: image parts are taken in chat requests only", field=found[0].part)
+    if images is not None:
+        images.extend(found)
+    return read
 
 
 def _message_calls(calls: Any, i: int) -> list[dict[str, Any]]:

@@ -13,6 +13,9 @@ vLLM's outputs become step outputs).
   step (waiting for a slot, chunked prefill) gets no ``StepOutput``.
 - ``release(id)`` calls ``abort_request([id])`` when vLLM has not finished the request (vLLM
   sends nothing for requests aborted by the caller).
+- A vision-language model takes images (``vllm_media``): ``encode_media`` counts the image tokens with
+  the model's processor, and a request with images is added as its text with
+  ``multi_modal_data``/``multi_modal_uuids``.
 - Several samples (``n``/``best_of`` > 1) are one vLLM request with ``SamplingParams.n``; each
   sample's outputs come under its own id (``vllm_samples``), and the request is aborted only once
   every sample is released.
@@ -24,7 +27,8 @@ not on PyPI, its documented parameter set is vLLM's, and the adapter logs which 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.common import fit_kwargs, import_engine_library, vllm_structured_kwargs
@@ -39,16 +43,28 @@ from djl_handlers.engines.external.vllm_config import (
     lora_kwargs,
     require_loras,
 )
+from djl_handlers.engines.external.vllm_media import (
+    VllmImages,
+    attach_images,
+    check_prompt_count,
+    encode_with,
+    has_images,
+)
 from djl_handlers.engines.external.vllm_outputs import map_finish_reason
 from djl_handlers.engines.external.vllm_parallel import ranks_started
 from djl_handlers.engines.external.vllm_requests import (
     prompt_of,
     refuse_prompt_logprobs_with_lora,
     rejection,
+    request_kwargs,
     sampling_params,
 )
 from djl_handlers.engines.external.vllm_samples import RequestTracks, request_outputs, vllm_sample_seed
 from djl_handlers.errors import ConfigError
+
+if TYPE_CHECKING:
+    from djl_handlers.config.media import MediaOptions
+    from djl_handlers.media.records import LoadedImage, MediaInputs
 
 __all__ = ["LMI_DIST_NOTICE", "LmiDistEngine", "VllmEngine", "engine_args_kwargs", "lora_kwargs",
            "map_finish_reason", "vllm_structured_kwargs"]
@@ -73,6 +89,9 @@ class VllmEngine:
         self._tracks: dict[int, RequestTracks] = {}  # by vLLM request id (sample 0)
         self._owners: dict[int, int] = {}  # sample id -> vLLM request id
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
+        self.images: VllmImages | None = None  # a vision-language model's processor (vllm_media)
+        self.media_options: MediaOptions | None = None  # its image limits; None: text only
+        self._prompt_counts: dict[int, int] = {}  # requests with images: the prompt tokens encode_media counted
 
     @classmethod
     def from_config(cls, config: Any) -> VllmEngine | VllmAsyncEngine:
@@ -83,6 +102,7 @@ class VllmEngine:
         vllm = import_engine_library("vllm", cls.name)
         lmi_dist = is_lmi_dist(cls.name, config)
         kwargs = fit_kwargs(vllm.EngineArgs, engine_args_kwargs(config), "vllm")
+        images = VllmImages.load(config, kwargs["model"])  # a vision-language model's processor, before vLLM
         LOG.info("starting vLLM %s: %s", getattr(vllm, "__version__", "?"), kwargs)
         try:
             with ranks_started(vllm, config, kwargs):  # checks the degrees; CPU thread binding of the ranks
@@ -90,6 +110,7 @@ class VllmEngine:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         adapter = cls(engine)
+        attach_images(adapter, config, images)
         if kwargs.get("enable_lora"):
             from djl_handlers.lora.external import vllm_loras
 
@@ -99,6 +120,12 @@ class VllmEngine:
         return adapter
 
     # -- Engine protocol ---------------------------------------------------------------------------
+    def encode_media(self, prompt: str, images: Sequence[LoadedImage],
+                     add_special_tokens: Optional[bool] = None) -> tuple[list[int], MediaInputs]:
+        """A vision-language prompt's token ids as vLLM prefills them (image tokens included) and its
+        media (``vllm_media``); a 400 naming ``messages`` for a text-only model."""
+        return encode_with(self.images, prompt, images, add_special_tokens)
+
     def add_request(self, request: EngineRequest) -> None:
         """Queue ``request`` in vLLM; bad parameters raise ``InvalidParameter``, a prompt vLLM
         refuses ``PromptTooLong``."""
@@ -108,7 +135,8 @@ class VllmEngine:
         refuse_prompt_logprobs_with_lora(sampling, self.loras)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         try:
-            self.engine.add_request(str(request.request_id), prompt_of(request), sampling, **lora)
+            self.engine.add_request(str(request.request_id), prompt_of(request), sampling, **request_kwargs(request),
+                                    **lora)
         except Exception as exc:
             error = rejection(exc, request.params)
             if error is None:
@@ -116,6 +144,8 @@ class VllmEngine:
             raise error from exc
         tracks = RequestTracks.for_request(request)
         self._tracks[request.request_id] = tracks
+        if has_images(request):
+            self._prompt_counts[request.request_id] = len(request.prompt_ids)
         self._owners.update((sample_id, request.request_id) for sample_id in tracks.ids)
 
     def step(self) -> list[StepOutput]:
@@ -126,6 +156,8 @@ class VllmEngine:
             tracks = self._tracks.get(rid) if rid is not None else None
             if tracks is None or not output.outputs:
                 continue
+            if rid in self._prompt_counts:
+                check_prompt_count(rid, self._prompt_counts.pop(rid), output)
             results.extend(request_outputs(tracks, output, self.tokenizer))
         return results
 
@@ -137,6 +169,7 @@ class VllmEngine:
         if owner is None or tracks is None or not tracks.release(request_id):
             return
         del self._tracks[owner]
+        self._prompt_counts.pop(owner, None)
         if not tracks.finished:
             self.engine.abort_request([str(owner)])
 

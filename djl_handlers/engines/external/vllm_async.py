@@ -19,6 +19,8 @@ Per request (:class:`~djl_handlers.engines.base.AsyncEngine`):
   a request (a stop rule of ours, a cancel, a client that went away); closing the stream does the
   same inside vLLM.
 - Beam search (``num_beams``) is vLLM's own loop over this engine (``vllm_beams``).
+- A vision-language model takes images as in sync mode (``vllm_media``): ``generate`` gets the text
+  with ``multi_modal_data``/``multi_modal_uuids``; a beam search, vLLM's rendered input.
 - Several samples (``n``/``best_of`` > 1) are one ``generate`` with ``SamplingParams.n``; each
   sample's outputs come under its own id (``vllm_samples``); ``release(id)`` lets one sample go
   (it finished by a rule of ours), and the stream ends when no sample is left to read.
@@ -36,8 +38,8 @@ import importlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.common import fit_kwargs, import_engine_library
@@ -49,15 +51,27 @@ from djl_handlers.engines.external.vllm_config import (
     is_lmi_dist,
     require_loras,
 )
+from djl_handlers.engines.external.vllm_media import (
+    VllmImages,
+    attach_images,
+    check_prompt_count,
+    encode_with,
+    has_images,
+)
 from djl_handlers.engines.external.vllm_parallel import ranks_started
 from djl_handlers.engines.external.vllm_requests import (
     prompt_of,
     refuse_prompt_logprobs_with_lora,
     rejection,
+    request_kwargs,
     sampling_params,
 )
 from djl_handlers.engines.external.vllm_samples import RequestTracks, request_outputs, vllm_sample_seed
 from djl_handlers.errors import ConfigError
+
+if TYPE_CHECKING:
+    from djl_handlers.config.media import MediaOptions
+    from djl_handlers.media.records import LoadedImage, MediaInputs
 
 __all__ = ["VllmAsyncEngine", "async_llm_class"]
 
@@ -89,6 +103,8 @@ class VllmAsyncEngine:
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
         self._unfinished: set[int] = set()  # requests vLLM has not finished (abort_async skips the others)
         self._samples: dict[int, RequestTracks] = {}  # sample id -> its running request's tracks
+        self.images: VllmImages | None = None  # a vision-language model's processor (vllm_media)
+        self.media_options: MediaOptions | None = None  # its image limits; None: text only
 
     @classmethod
     def from_config(cls, config: Any, engine_name: str = "vllm") -> VllmAsyncEngine:
@@ -96,6 +112,7 @@ class VllmAsyncEngine:
         vllm = import_engine_library("vllm", engine_name)
         lmi_dist = is_lmi_dist(engine_name, config)
         kwargs = fit_kwargs(vllm.AsyncEngineArgs, engine_args_kwargs(config), "vllm")
+        images = VllmImages.load(config, kwargs["model"])  # a vision-language model's processor, before vLLM
         LOG.info("starting vLLM %s (AsyncLLM, async mode): %s", getattr(vllm, "__version__", "?"), kwargs)
         try:
             with ranks_started(vllm, config, kwargs):  # checks the degrees; CPU thread binding of the ranks
@@ -103,6 +120,7 @@ class VllmAsyncEngine:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"vLLM rejected the engine options {kwargs}: {exc}", field="engine") from exc
         adapter = cls(engine, vllm)
+        attach_images(adapter, config, images)
         if kwargs.get("enable_lora"):
             from djl_handlers.lora.external import vllm_loras
 
@@ -112,6 +130,12 @@ class VllmAsyncEngine:
         return adapter
 
     # -- AsyncEngine protocol ----------------------------------------------------------------------
+    def encode_media(self, prompt: str, images: Sequence[LoadedImage],
+                     add_special_tokens: Optional[bool] = None) -> tuple[list[int], MediaInputs]:
+        """A vision-language prompt's token ids as vLLM prefills them (image tokens included) and its
+        media (``vllm_media``); a 400 naming ``messages`` for a text-only model."""
+        return encode_with(self.images, prompt, images, add_special_tokens)
+
     async def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
         """Run ``request`` in vLLM; yields its new step outputs per ``RequestOutput``."""
         if is_beam_search(request):  # vLLM's own beam-search loop (vllm_beams)
@@ -123,12 +147,15 @@ class VllmAsyncEngine:
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
         rid = request.request_id
         tracks = RequestTracks.for_request(request)
-        stream = self.engine.generate(prompt_of(request), sampling, str(rid), **lora)
+        stream = self.engine.generate(prompt_of(request), sampling, str(rid), **request_kwargs(request), **lora)
         started = False
+        counted = len(request.prompt_ids) if has_images(request) else None
         self._unfinished.add(rid)
         self._samples.update((sample_id, tracks) for sample_id in tracks.ids)
         try:
             async for output in stream:
+                if not started and counted is not None:
+                    check_prompt_count(rid, counted, output)
                 started = True
                 outs = request_outputs(tracks, output, self.tokenizer, delta) if output.outputs else []
                 if tracks.finished:

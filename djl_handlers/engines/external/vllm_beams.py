@@ -8,7 +8,8 @@ running beams by ``cumulative log-prob / length ** length_penalty``; it yields o
 a beam request on vLLM streams nothing until it is done (then every token at once, the best beam
 first); the ``n`` best sequences (``n`` <= ``num_beams``) come under the request's sample ids. Only
 async mode (``option.async_mode=true``) has this loop: vLLM runs it on its asynchronous engine, and
-the synchronous ``LLMEngine`` adapter answers a 400 (:func:`refuse_in_sync_mode`).
+the synchronous ``LLMEngine`` adapter answers a 400 (:func:`refuse_in_sync_mode`). A prompt with images
+goes to the loop as vLLM's rendered input (``vllm_media.rendered_prompt``), as vLLM's server passes it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
+from djl_handlers.engines.external.vllm_media import has_images, rendered_prompt
 from djl_handlers.engines.external.vllm_outputs import map_finish_reason
 from djl_handlers.errors import InvalidParameter
 from djl_handlers.params.translate import to_vllm_beam_search
@@ -57,7 +59,9 @@ async def beam_search_outputs(engine: Any, request: EngineRequest) -> AsyncItera
     from vllm.sampling_params import BeamSearchParams
 
     params = BeamSearchParams(**to_vllm_beam_search(request.params))
-    prompt = {"type": "token", "prompt_token_ids": list(request.prompt_ids)}
+    prompt: Any = {"type": "token", "prompt_token_ids": list(request.prompt_ids)}
+    if has_images(request):
+        prompt = await rendered_prompt(engine, request)
     ids = [request.request_id, *request.sample_ids]
     async for output in searcher(engine).beam_search(prompt, str(request.request_id), params):
         if not output.finished:

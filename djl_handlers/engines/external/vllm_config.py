@@ -11,6 +11,7 @@ from typing import Any
 
 from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.engines.external.common import resolve_model
+from djl_handlers.engines.external.vllm_media import media_kwargs
 from djl_handlers.engines.external.vllm_parallel import parallel_kwargs
 from djl_handlers.engines.external.vllm_parsers import check_vllm_parsers
 
@@ -38,6 +39,7 @@ def engine_args_kwargs(config: Any) -> dict[str, Any]:
     if opts is not None:
         kwargs.update(_vllm_option_kwargs(opts))
     kwargs.update(lora_kwargs(config))
+    kwargs.update(media_kwargs(config, kwargs["model"]))  # limit_mm_per_prompt for a vision-language model
     check_vllm_parsers(config)  # the reply parsers' names, in vLLM's own registries
     return kwargs
 

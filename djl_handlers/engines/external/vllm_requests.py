@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from djl_handlers.engines.base import EngineRequest
 from djl_handlers.engines.external.common import fit_kwargs, vllm_structured_kwargs
+from djl_handlers.engines.external.vllm_media import has_images, image_prompt, tokenization_kwargs
 from djl_handlers.errors import DjlHandlersError, InvalidParameter, PromptTooLong
 from djl_handlers.params.generation import GenerationParameters
 
@@ -64,8 +65,17 @@ def _delta_kind(vllm: Any) -> Any:
 
 
 def prompt_of(request: EngineRequest) -> Any:
-    """The prompt as vLLM takes it: the pipeline's token ids (already truncated), else the text."""
+    """The prompt as vLLM takes it: the pipeline's token ids (already truncated), else the text; a
+    prompt with images is its text with the images (``vllm_media.image_prompt``)."""
+    if has_images(request):
+        return image_prompt(request)
     return {"prompt_token_ids": list(request.prompt_ids)} if request.prompt_ids else request.prompt
+
+
+def request_kwargs(request: EngineRequest) -> dict[str, Any]:
+    """The other keywords of vLLM's ``add_request``/``generate`` for ``request``: how to tokenize a
+    prompt with images."""
+    return tokenization_kwargs(request) if has_images(request) else {}
 
 
 def rejection(exc: BaseException, params: GenerationParameters) -> Optional[DjlHandlersError]:

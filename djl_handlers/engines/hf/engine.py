@@ -88,12 +88,16 @@ from djl_handlers.engines.hf.sampling import RowSampling, sample_batch
 from djl_handlers.engines.hf.slab_ledger import SlabLedger
 from djl_handlers.engines.hf.speculative import Speculator
 from djl_handlers.engines.hf.static import generate_static as static_generate
-from djl_handlers.errors import ConfigError, EngineOutOfMemory
+from djl_handlers.engines.hf.vision import RowImages
+from djl_handlers.errors import ConfigError, EngineOutOfMemory, InvalidRequest
 from djl_handlers.params.translate import translate
 
 if TYPE_CHECKING:
+    from djl_handlers.config.media import MediaOptions
     from djl_handlers.config.models import ServingConfig
     from djl_handlers.engines.hf.grammar import GrammarBackend
+    from djl_handlers.engines.hf.vision import VisionSupport
+    from djl_handlers.media.records import LoadedImage, MediaInputs
 
 LOG = logging.getLogger(__name__)
 
@@ -120,7 +124,8 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         config = model.config
-        model_len = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        model_len = int(getattr(text, "max_position_embeddings", 0) or 0) or 2048
         self.max_model_len = min(model_len, max_model_len) if max_model_len else model_len
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.device = next(model.parameters()).device
@@ -130,7 +135,7 @@ class HFEngine:
         head = model.get_output_embeddings()
         rows = getattr(head, "out_features", None)  # an int8 head (option.quantize) keeps no weight
         self._vocab = int(rows if rows is not None else head.weight.shape[0]) if head is not None else int(
-            config.vocab_size)
+            text.vocab_size)
         self._check_cache_layout()
         self._queue: deque[Row] = deque()
         self._partial: Partial | None = None
@@ -146,6 +151,8 @@ class HFEngine:
         self.slabs = SlabLedger()  # what the KV slabs allocate, within the bound (engines/hf/slab_ledger.py)
         self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
         self.decode_graphs: DecodeGraphs | None = None  # option.decode_graphs (engines/hf/decode_graphs.py)
+        self.vision: VisionSupport | None = None  # a vision-language model's processor (engines/hf/vision.py)
+        self.media_options: MediaOptions | None = None  # its image limits (config/media.py); None: text only
 
     @property
     def kv_cache_max_bytes(self) -> int | None:
@@ -167,6 +174,7 @@ class HFEngine:
         engine = attach_lora(config, cls.load(config))
         if config.hf.enable_prefix_caching:
             engine.prefix_cache = PrefixCache(config.hf.prefix_cache_memory_bytes)
+            engine.prefix_cache.image_token = engine.vision.image_token_id if engine.vision is not None else None
         if config.hf.speculative is not None:
             engine.speculator = Speculator(config.hf.speculative)
         if config.hf.cpu_threads == "adaptive" and engine.device.type == "cpu" and torch.get_num_threads() > 1:
@@ -186,6 +194,11 @@ class HFEngine:
         loaded = load_model(LoadOptions.from_config(config))
         engine = cls(loaded.model, loaded.tokenizer, **step_limits(config))
         engine.cpu_patches = loaded.cpu_patches
+        if loaded.processor is not None:
+            from djl_handlers.engines.hf.vision import VisionSupport
+
+            engine.vision = VisionSupport(loaded.model, loaded.processor)
+            engine.media_options = config.media
         if config.hf.max_prefill_tokens is None:
             engine.max_prefill_tokens = default_prefill_tokens(engine.device)
         engine.kv_cache_max_bytes = kv_limit(config.hf.kv_cache_memory_bytes, engine.device, engine.kv_bytes_per_token)
@@ -206,6 +219,7 @@ class HFEngine:
         sampling = RowSampling.from_settings(settings, params.seed, request.prompt_ids, self._vocab, self.eos_token_ids,
                                              self.tokenizer)
         lora = require_lora(self).resolve(request.adapter) if request.adapter else None
+        images = self._row_images(request)
         self._ids.update(ids)
         row = Row(request, sampling, prompt_lp=params.decoder_input_details, top_n=params.top_n_tokens, lora=lora,
                    compiling=compiling, forks=list(enumerate(request.sample_ids, start=1)))
@@ -213,7 +227,30 @@ class HFEngine:
         row.beam = beam_search_for(settings, len(request.prompt_ids), self.max_model_len, eos, ids)
         if row.beam is not None:  # one row per beam; the sample ids report hypotheses, not rows
             row.beam_forks, row.forks = row.beam.num_beams - 1, []
+        row.images = images
         self._queue.append(row)
+
+    @property
+    def image_placeholder(self) -> str:
+        """The text that stands for one image in a prompt (empty for a text model)."""
+        return self.vision.image_token if self.vision is not None else ""
+
+    def encode_media(self, prompt: str, images: Sequence[LoadedImage],
+                     add_special_tokens: bool | None = None) -> tuple[list[int], MediaInputs]:
+        """A vision-language prompt's token ids (image placeholders expanded by the model's processor)
+        and its media (:mod:`.vision`); a 400 naming ``messages`` for a text-only model."""
+        if self.vision is None:
+            raise InvalidRequest("this model takes text only: remove the image parts", field="messages")
+        return self.vision.encode(prompt, images, add_special_tokens)
+
+    def _row_images(self, request: EngineRequest) -> RowImages | None:
+        media = request.media
+        if media is None or not media.images:
+            return None
+        if self.vision is None:
+            raise InvalidRequest("this model takes text only: remove the image parts", field="messages")
+        token = self.vision.image_token_id
+        return RowImages(media, tokens=sum(1 for t in request.prompt_ids if t == token))
 
     def check_parameters(self, params: Any) -> Any:
         """Reject what this engine cannot do for ``params`` (``InvalidParameter``, a 400): a
@@ -391,24 +428,41 @@ class HFEngine:
     def _new_cache(self) -> Any:
         return new_slab_cache(self.model.config, self.slabs)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
+                 embeds: torch.Tensor | None = None) -> torch.Tensor:
         """One forward; returns last-position logits [batch, vocab] (float32)."""
-        return self._forward_tail(ids, mask, pos, cache, 1)[:, -1, :]
+        return self._forward_tail(ids, mask, pos, cache, 1, embeds)[:, -1, :]
 
     def _forward_tail(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
-                      keep: int) -> torch.Tensor:
-        """One forward; the logits of the last ``keep`` positions [batch, keep, vocab] (float32)."""
+                      keep: int, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """One forward; the logits of the last ``keep`` positions [batch, keep, vocab] (float32).
+        ``embeds``: the input embeddings to use instead of ``ids``' (a prompt with images)."""
         kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True}
         if self._keep_kw:
             kwargs[self._keep_kw] = keep
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, **kwargs)
+        if embeds is not None:
+            kwargs["inputs_embeds"] = embeds
+        else:
+            kwargs["input_ids"] = ids
+        out = self.model(attention_mask=mask, position_ids=pos, **kwargs)
         return out.logits[:, -keep:, :].float()
 
     def _forward_capturing(
-        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any
+        self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
+        embeds: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``_forward`` plus the final hidden states, for prompt log-probs (see :mod:`.prefill`)."""
-        return forward_capturing(self.model, lambda: self._forward(ids, mask, pos, cache))
+        return forward_capturing(self.model, lambda: self._forward(ids, mask, pos, cache, embeds))
+
+    def _embeds(self, ids: torch.Tensor, rows: Sequence[Row], starts: Sequence[int],
+                lengths: Sequence[int]) -> torch.Tensor | None:
+        """The input embeddings of a prefill whose rows have images (None when none has): the
+        text embeddings with each row's image features at its image tokens (:mod:`.vision`)."""
+        if self.vision is None or not any(r.images is not None for r in rows):
+            return None
+        spans = zip(rows, starts, lengths, strict=True)
+        with_images = [(b, r.images, start, n) for b, (r, start, n) in enumerate(spans) if r.images is not None]
+        return self.vision.embed(ids, with_images)
 
     def _prompt_lps(
         self, hidden: torch.Tensor | None, row: int, start: int, stop: int, targets: Sequence[int],
@@ -565,7 +619,10 @@ class HFEngine:
             return False
         self._queue.remove(head)
         self._count_cached(head, blocks)
-        self._partial = Partial(head, cache.load(head, blocks, self._new_cache()), offset=blocks * cache.block)
+        offset = blocks * cache.block
+        self._partial = Partial(head, cache.load(head, blocks, self._new_cache()), offset=offset)
+        if head.images is not None and self.vision is not None:  # the cached blocks hold these image tokens
+            head.images.used = sum(1 for t in head.request.prompt_ids[:offset] if t == self.vision.image_token_id)
         return True
 
     def _count_cached(self, row: Row, blocks: int) -> None:
@@ -653,9 +710,11 @@ class HFEngine:
             pos = (mask.cumsum(dim=1) - 1).clamp(min=0)
             cache = self._new_cache()
             use_rows(self.lora, group)
+            width = int(ids.shape[1])
+            embeds = self._embeds(ids, group, [width - n for n in lengths], lengths)
             prompt_lps = None
             if any(r.prompt_lp for r in group):
-                logits, hidden = self._forward_capturing(ids, mask, pos, cache)
+                logits, hidden = self._forward_capturing(ids, mask, pos, cache, embeds)
                 width = ids.shape[1]
                 prompt_lps = [
                     self._prompt_lps(hidden, i, width - n, width - 1, r.request.prompt_ids[1:], [None], r.top_n)
@@ -663,7 +722,7 @@ class HFEngine:
                     for i, (r, n) in enumerate(zip(group, lengths, strict=True))
                 ]
             else:
-                logits = self._forward(ids, mask, pos, cache)
+                logits = self._forward(ids, mask, pos, cache, embeds)
         except Exception as exc:  # noqa: BLE001 - isolate the group
             LOG.exception("prefill of %d request(s) failed", len(group))
             return self._fail_rows(group, f"prefill failed: {type(exc).__name__}: {exc}")
@@ -700,15 +759,16 @@ class HFEngine:
         pos = torch.arange(part.offset, end, device=self.device).unsqueeze(0)
         use_rows(self.lora, [part.row])
         try:
+            embeds = self._embeds(ids, [part.row], [0], [len(chunk)])
             if part.row.prompt_lp:
-                logits, hidden = self._forward_capturing(ids, mask, pos, part.cache)
+                logits, hidden = self._forward_capturing(ids, mask, pos, part.cache, embeds)
                 # position j predicts token j + 1: the chunk's last position predicts the next
                 # chunk's first token, or (last chunk) is the first generated token's logits.
                 targets = prompt[part.offset + 1 : end + 1]
                 part.prompt_lps = self._prompt_lps(hidden, 0, 0, len(targets), targets, part.prompt_lps or [None],
                                                    part.row.top_n)
             else:
-                logits = self._forward(ids, mask, pos, part.cache)
+                logits = self._forward(ids, mask, pos, part.cache, embeds)
         except Exception as exc:  # noqa: BLE001 - isolate this request
             LOG.exception("chunked prefill of request %s failed", part.row.request.request_id)
             self._partial = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,7 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     cpu_patches: dict[str, str]
+    processor: Any = None  # a vision-language model's processor (AutoProcessor); None for text models
 
 
 def load_model_and_tokenizer(opts: LoadOptions) -> tuple[Any, Any]:
@@ -116,9 +118,17 @@ def load_model(opts: LoadOptions) -> LoadedModel:
     dtype = dtype if dtype == "auto" else getattr(torch, dtype)
     attn = opts.hf.attn_implementation
     extra = {"attn_implementation": attn} if attn else {}
+    processor: Any = None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_id, **common)
-        model: Any = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
+        if is_vision_model(model_id):  # image-text-to-text: the model's own class and processor
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            processor = AutoProcessor.from_pretrained(model_id, **common)
+            tokenizer = processor.tokenizer
+            model: Any = AutoModelForImageTextToText.from_pretrained(model_id, dtype=dtype, **common, **extra)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(model_id, **common)
+            model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **common, **extra)
     except (OSError, ValueError) as exc:
         LOG.debug("loading %s failed: %s", model_id, exc)
         raise ConfigError(f"cannot load model {model_id!r}: {short_reason(exc, model_id)}",
@@ -139,7 +149,28 @@ def load_model(opts: LoadOptions) -> LoadedModel:
         if advice:
             LOG.warning(advice)
         report = apply(model, opts.hf)
-    return LoadedModel(model, tokenizer, report)
+    return LoadedModel(model, tokenizer, report, processor)
+
+
+def is_vision_model(model_id: str) -> bool:
+    """True when the local folder ``model_id`` holds a vision-language model (its config.json says)."""
+    return is_vision_config(read_config(model_id))
+
+
+def is_vision_config(config: dict[str, Any]) -> bool:
+    """True when a ``config.json`` (as a dict) describes a vision-language model."""
+    return "vision_config" in config or "image_token_index" in config or "image_token_id" in config
+
+
+def read_config(model_id: str) -> dict[str, Any]:
+    """The local folder's ``config.json`` as a dict (empty when it has none)."""
+    import json
+
+    try:
+        data = json.loads((Path(model_id) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 _UNRECOGNIZED = "Unrecognized configuration class"
@@ -154,10 +185,13 @@ def short_reason(exc: BaseException, model_id: str) -> str:
         return text
     config = text.split("'", 2)[1].rsplit(".", 1)[-1] if "'" in text else "this config"
     model_type, kind = _model_type(model_id)
-    hint = {"vision": "it is a vision-language model, which this engine does not load as a text generator",
+    hint = {"vision": "it is a vision-language model of a family transformers cannot load as image-text-to-text "
+                      "(docs/vision.md lists the families served)",
             "encoder": "it is an encoder model: serve it as an embedder or reranker (option.task, docs/embeddings.md)",
             }.get(kind, "this engine serves text-generation (causal LM) models")
-    return (f"its config is {config} (model_type {model_type!r}), which transformers' AutoModelForCausalLM "
+    auto = re.search(r"AutoModel: (\w+)", text)
+    loader = auto.group(1) if auto else "AutoModelForCausalLM"
+    return (f"its config is {config} (model_type {model_type!r}), which transformers' {loader} "
             f"cannot load: {hint}. The classes it can load are listed in transformers' documentation "
             f"(and by djl-handlers check --verbose)")
 
@@ -171,7 +205,7 @@ def _model_type(model_id: str) -> tuple[str, str]:
     except (OSError, ValueError):
         return "unknown", "other"
     model_type = str(config.get("model_type", "unknown"))
-    if "vision_config" in config or "image_token_index" in config or "image_token_id" in config:
+    if is_vision_config(config):
         return model_type, "vision"
     archs = " ".join(config.get("architectures") or [])
     if model_type in ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra", "deberta-v2") or (
@@ -186,8 +220,8 @@ def unloadable_reason(model_id: str) -> tuple[str, str] | None:
     gives and the full list of configs it can load; None when it can (or when this cannot be told
     without running the folder's own code: ``auto_map``)."""
     path = Path(model_id)
-    if not (path / "config.json").is_file():
-        return None
+    if not (path / "config.json").is_file() or is_vision_model(str(path)):
+        return None  # a vision-language model loads as image-text-to-text
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 

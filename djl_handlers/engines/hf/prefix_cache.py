@@ -82,12 +82,43 @@ def _salt(row: Row) -> bytes:
     return f"{lora.name}\0{lora.src}\0{id(lora)}".encode()
 
 
+class _ImagesSeen:
+    """The pixel digests of the images a prompt's first tokens hold: a block's digest includes those
+    of every image whose tokens started in it or before it, so the same token ids with other pixels
+    never match (image tokens are one repeated id). Per-image token counts tell where each image
+    starts; without them, every image counts from the first image token on."""
+
+    def __init__(self, media: Any, token: int | None) -> None:
+        self.digests: tuple[bytes, ...] = media.digests if media is not None and token is not None else ()
+        self.starts: list[int] = []  # image-token count at which image k starts
+        if self.digests and media.placeholder_counts:
+            total = 0
+            for count in media.placeholder_counts:
+                self.starts.append(total)
+                total += count
+        self.token = token
+        self.seen = 0  # image tokens in ids[:self.upto]
+        self.upto = 0
+
+    def through(self, ids: Sequence[int], end: int) -> bytes:
+        """The digests of the images started within ``ids[:end]`` (called with growing ``end``)."""
+        if not self.digests:
+            return b""
+        self.seen += sum(1 for t in ids[self.upto : end] if t == self.token)
+        self.upto = end
+        if not self.seen:
+            return b""
+        started = sum(1 for s in self.starts if s < self.seen) if self.starts else len(self.digests)
+        return b"".join(self.digests[:started])
+
+
 class PrefixCache:
     """Blocks of prompt KV shared across requests (see the module docstring)."""
 
     def __init__(self, memory_bytes: int = DEFAULT_MEMORY_BYTES, block: int = BLOCK) -> None:
         self.memory_bytes = memory_bytes
         self.block = block
+        self.image_token: int | None = None  # a vision-language model's image token (its blocks name their images)
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
         self.bytes = 0
         self.queries = 0
@@ -107,9 +138,10 @@ class PrefixCache:
         ids, size = row.request.prompt_ids, self.block
         previous = hashlib.blake2b(_salt(row), digest_size=16).digest()
         chain = []
+        images = _ImagesSeen(row.request.media, self.image_token)
         for start in range(0, len(ids) - size + 1, size):
             block = array("q", ids[start : start + size]).tobytes()
-            previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+            previous = hashlib.blake2b(previous + block + images.through(ids, start + size), digest_size=16).digest()
             chain.append(previous)
         row.prefix_digests = chain
         return chain

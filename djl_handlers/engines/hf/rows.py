@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from djl_handlers.engines.hf.beams import BeamSearch
     from djl_handlers.engines.hf.grammar import RowGrammar
     from djl_handlers.engines.hf.speculation_policy import RowSpeculation
+    from djl_handlers.engines.hf.vision import RowImages
 
 __all__ = ["Partial", "Row"]
 
@@ -38,6 +39,7 @@ class Row:
     beam: BeamSearch | None = None
     beam_slot: int = 0
     beam_forks: int = 0
+    images: RowImages | None = None  # a vision-language prompt's images (engines/hf/vision.py)
 
     @property
     def width(self) -> int:
