@@ -7,7 +7,8 @@ called from Python: run with the interpreter of the venv that has vLLM (``.venv-
 
 Random dataset (``ignore_eos``: every request generates exactly ``--output-len`` tokens), greedy
 (``temperature=0``), streamed ``/v1/completions``; TTFT, ITL and end-to-end latency at p50 and p99.
-Writes vLLM's result JSON to ``--result``.
+Writes vLLM's result JSON to ``--result``; ``--save-detailed`` keeps its per-request lists in it
+(``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``generated_texts``, ``errors``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def vllm_arguments(args: argparse.Namespace) -> list[str]:
             "--max-concurrency", str(args.max_concurrency), "--request-rate", "inf", "--seed", str(args.seed),
             "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(result.parent),
-            "--result-filename", result.name, "--disable-tqdm"]
+            "--result-filename", result.name, "--disable-tqdm",
+            *(["--save-detailed"] if getattr(args, "save_detailed", False) else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         ours.add_argument(name, required=True)
     for name in ("--seed", "--num-prompts", "--input-len", "--output-len", "--max-concurrency"):
         ours.add_argument(name, type=int, required=True)
+    ours.add_argument("--save-detailed", action="store_true", help="keep the per-request lists in the result")
     args = ours.parse_args(argv)
     from vllm.benchmarks.serve import add_cli_args
     from vllm.benchmarks.serve import main as run

@@ -1,0 +1,300 @@
+"""The HF engine through ``djl-handlers serve`` against llama.cpp's ``llama-server`` on the embedded model
+(SmolLM2-135M-Instruct), at two precision classes:
+
+- ``fp32``: ours in fp32 against llama-server on an F32 GGUF of the same weights;
+- ``int8``: ours with ``option.quantize=dynamic_int8`` against llama-server on a Q8_0 GGUF.
+
+``scripts/setup_llama_cpp.sh`` builds llama-server from the llama-cpp-python sdist's vendored llama.cpp
+(``-DGGML_NATIVE=ON``: for this CPU) and converts the embedded model's fp32 folder to both GGUF files
+with the vendored ``convert_hf_to_gguf.py``; this module finds them under ``$LLAMA_CPP_HOME`` (default
+``~/.cache/djl_handlers/llama.cpp``).
+
+Per precision class the two servers are up together (never more than two at once): ours with the HF
+engine (``max_rolling_batch_size`` = the concurrency) and llama-server with ``--parallel`` = the
+concurrency, a context of input + output + a margin per slot, continuous batching, ``--threads 2``
+(prefill and decode) on 127.0.0.1, its other settings llama.cpp's defaults (an F16 KV cache, flash
+attention ``auto``). vLLM's own benchmark client (:mod:`benchmarks.vllm_client`: random dataset, fixed
+lengths, ``ignore_eos``, greedy, streamed ``/v1/completions``) warms each server once, then ``--rounds``
+rounds send the same prompts to both (order alternating; a new seed per round). Reported per round:
+output tok/s, TTFT p50/p99, ITL p50, ratios ours / llama-server and their medians, peak PSS; per run the
+token counts each server reported (``usage``) and the streamed chunks per request, checked against the
+lengths asked for: llama-server honours ``ignore_eos`` and ``max_tokens``, and counts the prompt with
+the GGUF's copy of the same tokenizer, so a run where either count differs is flagged, not hidden.
+
+    python -m benchmarks.llama_cpp [--precision fp32,int8] [--rounds 3] [--prompts 32] [--concurrency 32]
+        [--input-len 256] [--output-len 128] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.architectures import MemoryWatch, Workload, serve_hf
+from benchmarks.architectures import _env as server_env
+from benchmarks.architectures import _free_port as free_port
+from benchmarks.architectures import _wait as wait_for
+from benchmarks.common import (
+    RESULTS,
+    ROOT,
+    context,
+    host_cpu,
+    host_delta,
+    median,
+    print_table,
+    rnd,
+    stolen,
+    stop_process,
+)
+from benchmarks.common import write_report as save_report
+from benchmarks.served_engines import VLLM_VENV
+
+LOGS = RESULTS / "llama-cpp-logs"
+HOME = Path(os.environ.get("LLAMA_CPP_HOME", Path.home() / ".cache" / "djl_handlers" / "llama.cpp"))
+GGUF_NAME = "smollm2-135m-instruct-{type}.gguf"  # what scripts/setup_llama_cpp.sh writes
+OURS, LLAMA = "ours", "llama"
+GOAL = 1.3  # the project's goal: ours >= 1.3x llama-server's output tok/s at the same precision class
+SLOT_MARGIN = 128  # tokens per slot beyond input + output: a decoded random prompt may re-tokenise longer
+
+
+@dataclass(frozen=True)
+class Precision:
+    """One precision class: our serving.properties options against one GGUF type."""
+
+    name: str
+    gguf_type: str
+    options: tuple[tuple[str, str], ...] = ()
+
+
+PRECISIONS = {"fp32": Precision("fp32", "f32"), "int8": Precision("int8", "q8_0", (("quantize", "dynamic_int8"),))}
+
+
+def find_llama(home: Path = HOME) -> tuple[Path, Path]:
+    """(llama-server, the folder of its GGUF files) under ``home``: the newest build there."""
+    servers = sorted(home.glob("build-*/bin/llama-server"), key=lambda p: p.stat().st_mtime)
+    if not servers:
+        raise SystemExit(f"no llama-server under {home}: run scripts/setup_llama_cpp.sh")
+    server = servers[-1]
+    version = server.parent.parent.name.removeprefix("build-")
+    return server, home / f"gguf-{version}"
+
+
+def slot_context(work: Workload) -> int:
+    """Tokens of context per llama-server slot: prompt + output + :data:`SLOT_MARGIN`, rounded up to 64."""
+    need = work.input_len + work.output_len + SLOT_MARGIN
+    return -(-need // 64) * 64
+
+
+def llama_command(server: Path, gguf: Path, port: int, work: Workload, threads: int = 2) -> list[str]:
+    """llama-server's command line: one slot per concurrent request (each with :func:`slot_context`
+    tokens: ``-c`` is shared out between the slots), continuous batching, ``threads`` for prefill and
+    decode, 127.0.0.1 only, no web UI; the rest llama.cpp's defaults."""
+    return [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--parallel", str(work.concurrency), "-c", str(work.concurrency * slot_context(work)),
+            "--cont-batching", "--threads", str(threads), "--threads-batch", str(threads),
+            "--seed", "0", "--no-webui"]
+
+
+@contextlib.contextmanager
+def serve_llama(server: Path, gguf: Path, work: Workload) -> Iterator[tuple[str, int, Path]]:
+    """llama-server on ``gguf``; yields (url, pid, log) once ``/health`` answers 200 (the model loaded)."""
+    port = free_port()
+    log = LOGS / f"llama-{gguf.stem}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(llama_command(server, gguf, port, work), env=server_env(), cwd=str(ROOT),
+                                stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(url, "/health", proc, log)
+        yield url, proc.pid, log
+    finally:
+        stop_process(proc, 60)
+
+
+def token_check(result: dict[str, Any], work: Workload) -> dict[str, Any]:
+    """What one run's per-request lists (vLLM's ``--save-detailed``) say about its lengths: the range of
+    prompt and output tokens each server counted (its ``usage``), of streamed chunks per request (one
+    more than its inter-token gaps), and whether every request got exactly the output asked for."""
+    outputs = [int(n) for n in result.get("output_lens") or []]
+    inputs = [int(n) for n in result.get("input_lens") or []]
+    chunks = [len(gaps) + 1 for gaps in result.get("itls") or []]
+
+    def span(values: Sequence[int]) -> list[int] | None:
+        return [min(values), max(values)] if values else None
+
+    return {"output_tokens": span(outputs), "prompt_tokens": span(inputs), "chunks": span(chunks),
+            "exact_output": bool(outputs) and len(outputs) == work.prompts
+            and all(n == work.output_len for n in outputs)}
+
+
+def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) -> dict[str, Any]:
+    """vLLM's benchmark client against ``url`` once (per-request lists kept); the figures of the run."""
+    host0 = host_cpu()
+    began = time.perf_counter()
+    done = subprocess.run([str(VLLM_VENV / "bin" / "python"), "-m", "benchmarks.vllm_client", "--base-url", url,
+                           "--model", str(model_dir), "--tokenizer", str(model_dir), "--seed", str(seed),
+                           "--num-prompts", str(work.prompts), "--input-len", str(work.input_len),
+                           "--output-len", str(work.output_len), "--max-concurrency", str(work.concurrency),
+                           "--result", str(out), "--save-detailed"], cwd=str(ROOT), env=server_env(),
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"vLLM's client failed against {url}: {done.stderr[-2000:]}")
+    result = json.loads(out.read_text())
+    return {"tok_s": rnd(result["output_throughput"], 1), "completed": result["completed"],
+            "failed": result.get("failed", 0), "output_tokens": result["total_output_tokens"],
+            "ttft_p50_s": rnd(result["median_ttft_ms"] / 1000, 3), "ttft_p99_s": rnd(result["p99_ttft_ms"] / 1000, 3),
+            "itl_p50_ms": rnd(result["median_itl_ms"], 1), "itl_p99_ms": rnd(result["p99_itl_ms"], 1),
+            "duration_s": rnd(result["duration"], 2), "tokens": token_check(result, work),
+            "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu()),
+            "load_avg_1m": rnd(os.getloadavg()[0], 2)}
+
+
+def ratios(ours: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]], key: str) -> list[float | None]:
+    """``key`` of ours over the baseline's, round by round; None where either run failed a request."""
+    return [rnd(a[key] / b[key], 3) if b[key] and not (a["failed"] or b["failed"]) else None
+            for a, b in zip(ours, base, strict=True)]
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None; None when there are none."""
+    found = [v for v in values if v is not None]
+    return rnd(median(found), 3) if found else None
+
+
+def summary(runs: dict[str, list[dict[str, Any]]], goal: float = GOAL) -> dict[str, Any]:
+    """Per-round ratios ours / llama-server (tok/s: higher is ours faster; TTFT p50: lower is ours
+    faster), their medians, the rounds without steal, whether the tok/s median meets ``goal``, each
+    server's medians, and whether every run returned exactly the asked-for output tokens."""
+    tok = ratios(runs[OURS], runs[LLAMA], "tok_s")
+    ttft = ratios(runs[OURS], runs[LLAMA], "ttft_p50_s")
+    clean = [r for r, a, b in zip(tok, runs[OURS], runs[LLAMA], strict=True)
+             if r is not None and not stolen(a.get("host_cpu_s"), b.get("host_cpu_s"))]
+    tok_median = median_of(tok)
+    return {
+        "tok_s_ratio_per_round": tok, "tok_s_ratio_median": tok_median,
+        "ttft_p50_ratio_per_round": ttft, "ttft_p50_ratio_median": median_of(ttft),
+        "tok_s_ratio_unstolen": {"rounds": len(clean), "median": median_of(clean)},
+        "goal": goal, "goal_met": None if tok_median is None else tok_median >= goal,
+        "failed_requests": {name: sum(r["failed"] for r in rs) for name, rs in runs.items()},
+        "exact_output_tokens": {name: all(r["tokens"]["exact_output"] for r in rs) for name, rs in runs.items()},
+        "medians": {name: {key: median_of([r[key] for r in rs if not r["failed"]])
+                           for key in ("tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_ms")}
+                    for name, rs in runs.items()}}
+
+
+def llama_settings(log: Path) -> list[str]:
+    """The lines of llama-server's start-up log that say how it runs (system info, KV cache, flash
+    attention, slots, threads)."""
+    keys = ("system_info", "flash_attn", "llama_kv_cache", "n_ctx", "n_slots", "n_threads", "type_k", "CPU_REPACK",
+            "build:")
+    return [line.strip() for line in log.read_text(errors="replace").splitlines()
+            if any(k in line for k in keys)][:40]
+
+
+def run_precision(precision: Precision, work: Workload, rounds: int, root: Path, server: Path, gguf_dir: Path,
+                  model_dir: Path) -> dict[str, Any]:
+    """Ours and llama-server at one precision class: both up, one warm-up run each, then ``rounds``
+    rounds, the order alternating."""
+    gguf = gguf_dir / GGUF_NAME.format(type=precision.gguf_type)
+    if not gguf.exists():
+        raise SystemExit(f"{gguf} is missing: run scripts/setup_llama_cpp.sh")
+    runs: dict[str, list[dict[str, Any]]] = {OURS: [], LLAMA: []}
+    warm: dict[str, dict[str, Any]] = {}
+    peaks: dict[str, float | None] = {}
+    with contextlib.ExitStack() as stack:
+        servers = {OURS: stack.enter_context(serve_hf(model_dir, "fp32", work, root, f"ours-{precision.name}",
+                                                      precision.options)),
+                   LLAMA: stack.enter_context(serve_llama(server, gguf, work))}
+        watches = {s: MemoryWatch(pid) for s, (_, pid, _) in servers.items()}
+        try:
+            for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
+                warm[s] = run_client(url, model_dir, 1000, work, root / f"{precision.name}-{s}-warm.json")
+            for r in range(rounds):
+                order = [OURS, LLAMA] if r % 2 == 0 else [LLAMA, OURS]
+                for s in order:
+                    run = run_client(servers[s][0], model_dir, r + 1, work, root / f"{precision.name}-{s}-{r}.json")
+                    run.update(round=r, server=s, peak_pss_mib=rnd(watches[s].reset() / 2**20, 0))
+                    runs[s].append(run)
+                    print(precision.name, json.dumps(run), flush=True)
+        finally:
+            for s, w in watches.items():
+                peaks[s] = rnd(w.reset() / 2**20, 0)
+                w.stop()
+        settings = llama_settings(servers[LLAMA][2])
+    return {"precision": precision.name, "ours_options": dict(precision.options), "gguf": gguf.name,
+            "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs, **summary(runs), "warmup": warm,
+            "peak_pss_mib_last": peaks, "llama_settings": settings}
+
+
+def llama_version(server: Path) -> str:
+    done = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
+    return " ".join((done.stdout + done.stderr).split())[:300]
+
+
+def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int) -> dict[str, Any]:
+    """Every precision class in turn (two servers up at a time)."""
+    if not (VLLM_VENV / "bin" / "python").exists():
+        raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it (vLLM's client)")
+    from djl_handlers.model.embedded import embedded_model_dir
+
+    server, gguf_dir = find_llama()
+    model_dir = embedded_model_dir()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "architectures-logs").mkdir(parents=True, exist_ok=True)  # where serve_hf keeps our server's log
+    report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "llama_server": str(server),
+                              "llama_version": llama_version(server), "model_dir": str(model_dir), "pairs": []}
+    with tempfile.TemporaryDirectory(prefix="llama-cpp-") as tmp:
+        for name in precisions:
+            report["pairs"].append(run_precision(PRECISIONS[name], work, rounds, Path(tmp), server, gguf_dir,
+                                                 model_dir))
+    return report
+
+
+def print_report(report: dict[str, Any]) -> None:
+    rows = [{"precision": p["precision"], "ours tok/s": p["medians"][OURS]["tok_s"],
+             "llama tok/s": p["medians"][LLAMA]["tok_s"], "tok/s ours/llama": p["tok_s_ratio_median"],
+             "rounds": p["tok_s_ratio_per_round"], "goal met": p["goal_met"],
+             "TTFT p50 s": f'{p["medians"][OURS]["ttft_p50_s"]} / {p["medians"][LLAMA]["ttft_p50_s"]}',
+             "TTFT p50 ours/llama": p["ttft_p50_ratio_median"],
+             "exact tokens": f'{p["exact_output_tokens"][OURS]} / {p["exact_output_tokens"][LLAMA]}'}
+            for p in report["pairs"]]
+    print_table(rows, list(rows[0]) if rows else [], "djl-handlers serve (HF engine) vs llama.cpp llama-server")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llama_cpp", description=__doc__.split("\n")[0])
+    parser.add_argument("--precision", default="fp32,int8", help=f"of {', '.join(PRECISIONS)}")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--quick", action="store_true", help="8 prompts of 64+32 tokens, 8 concurrent, 1 round")
+    args = parser.parse_args(argv)
+    work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
+    rounds = args.rounds
+    if args.quick:
+        work, rounds = Workload(8, 8, 64, 32), 1
+    precisions = [p for p in args.precision.split(",") if p]
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown:
+        parser.error(f"--precision: unknown {unknown}; of {', '.join(PRECISIONS)}")
+    started = context()
+    report = run_benchmark(precisions, work, rounds)
+    print_report(report)
+    save_report("llama-cpp", report, args.quick, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

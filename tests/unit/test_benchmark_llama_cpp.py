@@ -1,0 +1,93 @@
+"""benchmarks/llama_cpp.py: llama-server's command line, the per-request token check, the per-round
+ratios ours / llama-server with their medians and the goal, and finding the build."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.architectures import Workload
+from benchmarks.llama_cpp import LLAMA, OURS, PRECISIONS, find_llama, llama_command, slot_context, summary, token_check
+from benchmarks.vllm_client import vllm_arguments
+
+WORK = Workload(prompts=32, concurrency=32, input_len=256, output_len=128)
+
+
+def _run(tok_s: float, ttft: float, exact: bool = True, failed: int = 0, steal: float = 0.0) -> dict[str, Any]:
+    return {"tok_s": tok_s, "ttft_p50_s": ttft, "ttft_p99_s": 2 * ttft, "itl_p50_ms": 10.0, "failed": failed,
+            "tokens": {"exact_output": exact}, "host_cpu_s": {"busy": 20.0, "idle": 0.0, "steal": steal}}
+
+
+def test_llama_server_gets_a_slot_per_client_with_room_for_prompt_and_output() -> None:
+    line = llama_command(Path("/b/llama-server"), Path("/g/m-f32.gguf"), 8123, WORK)
+    pairs = dict(zip(line, line[1:], strict=False))
+    assert line[0] == "/b/llama-server" and pairs["-m"] == "/g/m-f32.gguf"
+    assert pairs["--host"] == "127.0.0.1" and pairs["--port"] == "8123"
+    assert pairs["--parallel"] == "32" and pairs["--threads"] == "2" and pairs["--threads-batch"] == "2"
+    assert "--cont-batching" in line
+    per_slot = int(pairs["-c"]) // 32
+    assert per_slot == slot_context(WORK) >= 256 + 128 and per_slot % 64 == 0
+    assert slot_context(Workload(8, 8, 64, 32)) == 256  # 64 + 32 + 128 margin = 224, rounded up to 64
+
+
+def test_token_check_reads_the_per_request_lists() -> None:
+    result = {"output_lens": [128] * 32, "input_lens": [256] * 31 + [257], "itls": [[0.1] * 127] * 32}
+    assert token_check(result, WORK) == {"output_tokens": [128, 128], "prompt_tokens": [256, 257],
+                                         "chunks": [128, 128], "exact_output": True}
+    short = {**result, "output_lens": [128] * 31 + [40]}  # one request stopped at an EOS
+    assert token_check(short, WORK)["exact_output"] is False
+    assert token_check({**result, "output_lens": [128] * 8}, WORK)["exact_output"] is False  # requests missing
+    assert token_check({}, WORK) == {"output_tokens": None, "prompt_tokens": None, "chunks": None,
+                                     "exact_output": False}
+
+
+def test_summary_takes_ratios_within_each_round_their_median_and_the_goal() -> None:
+    runs = {OURS: [_run(130, 1.0), _run(90, 2.0), _run(150, 1.0)],
+            LLAMA: [_run(100, 2.0), _run(100, 1.0), _run(50, 4.0, steal=5.0)]}
+    got = summary(runs)
+    assert got["tok_s_ratio_per_round"] == [1.3, 0.9, 3.0] and got["tok_s_ratio_median"] == 1.3
+    assert got["goal_met"] is True
+    assert got["ttft_p50_ratio_per_round"] == [0.5, 2.0, 0.25] and got["ttft_p50_ratio_median"] == 0.5
+    assert got["tok_s_ratio_unstolen"] == {"rounds": 2, "median": 1.1}  # the stolen third round left out
+    assert got["medians"][OURS]["tok_s"] == 130 and got["medians"][LLAMA]["ttft_p99_s"] == 4.0
+    assert got["exact_output_tokens"] == {OURS: True, LLAMA: True}
+
+
+def test_a_missed_goal_a_failed_round_and_wrong_lengths_are_reported() -> None:
+    runs = {OURS: [_run(120, 1.0), _run(90, 1.0)], LLAMA: [_run(100, 1.0, exact=False), _run(0.0, 0.0, failed=32)]}
+    got = summary(runs)
+    assert got["tok_s_ratio_per_round"] == [1.2, None] and got["tok_s_ratio_median"] == 1.2
+    assert got["goal_met"] is False
+    assert got["failed_requests"] == {OURS: 0, LLAMA: 32}
+    assert got["exact_output_tokens"] == {OURS: True, LLAMA: False}
+    assert got["medians"][LLAMA]["tok_s"] == 100  # the failed run is not a speed
+    assert summary({OURS: [], LLAMA: []})["goal_met"] is None
+
+
+def test_int8_is_dynamic_int8_against_q8_0() -> None:
+    assert PRECISIONS["fp32"].gguf_type == "f32" and PRECISIONS["fp32"].options == ()
+    assert PRECISIONS["int8"].gguf_type == "q8_0" and dict(PRECISIONS["int8"].options) == {"quantize": "dynamic_int8"}
+
+
+def test_find_llama_takes_the_newest_build_and_its_gguf_folder(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="setup_llama_cpp.sh"):
+        find_llama(tmp_path)
+    for version in ("0.3.1", "0.3.36"):
+        binary = tmp_path / f"build-{version}" / "bin" / "llama-server"
+        binary.parent.mkdir(parents=True)
+        binary.write_text("")
+    os.utime(tmp_path / "build-0.3.1" / "bin" / "llama-server", (1, 1))
+    assert find_llama(tmp_path) == (tmp_path / "build-0.3.36" / "bin" / "llama-server", tmp_path / "gguf-0.3.36")
+
+
+def test_the_client_keeps_per_request_lists_only_when_asked(tmp_path: Path) -> None:
+    args = argparse.Namespace(base_url="http://127.0.0.1:1", model="m", tokenizer="t", seed=3, num_prompts=32,
+                              input_len=256, output_len=128, max_concurrency=32, result=str(tmp_path / "r.json"))
+    assert "--save-detailed" not in vllm_arguments(args)
+    args.save_detailed = True
+    line = vllm_arguments(args)
+    assert "--save-detailed" in line and "--ignore-eos" in line
