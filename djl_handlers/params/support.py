@@ -43,7 +43,7 @@ _TABLE: Mapping[str, str] = {
     "frequency_penalty": "NNNNN",
     "num_beams": "NNNNN",  # HF/DeepSpeed: beams in the batch (engines/hf/beam_rows.py); vLLM, TensorRT-LLM: theirs
     "length_penalty": "NNNNN",
-    "early_stopping": "NNNUU",
+    "early_stopping": "NNNEE",  # vLLM: our loop over its engine with transformers' rule (vllm_beam_loop.py)
     "stop_token_ids": "EENNN",  # HF/DeepSpeed: the scheduler stops on them (scheduling/slot.py)
     "include_stop_str_in_output": "EENNN",
     "logprobs": "NNNNN",

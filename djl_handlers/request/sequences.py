@@ -1,6 +1,8 @@
 """The samples of a request that decodes several (``n``/``best_of`` > 1), as formatters and the
 scheduler rank them: by cumulative log-probability (the sum of the tokens' log-probs under the
-model's distribution), the highest first, ties in sample order. Nothing here imports an ML library.
+model's distribution), the highest first, ties in sample order; a beam search's hypotheses come
+from the engine best first (by its beam score, which the length penalty weighs), and keep that order.
+Nothing here imports an ML library.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ def returned(out: RequestOutput) -> list[RequestOutput]:
 def best_first(out: RequestOutput) -> tuple[RequestOutput, list[RequestOutput]]:
     """The best returned sample and the other returned ones in the response's order (LMI's
     ``generated_text`` + ``details.best_of_sequences``, TGI's the same); ``out`` itself and no
-    others for a one-sequence request."""
+    others for a one-sequence request. A beam search's best is its first hypothesis."""
     if not out.sequences:
         return out, []
     shown = returned(out)
-    best = ranked(shown)[0]
+    best = shown[0] if out.request.params.num_beams > 1 else ranked(shown)[0]
     return best, [s for s in shown if s is not best]

@@ -28,7 +28,7 @@ from djl_handlers.formatting.base import SAMPLES_NONE, SAMPLES_STREAMED, Formatt
 from djl_handlers.params.samples import check_samples, returned_count, sample_count, sample_field, sample_seed
 from djl_handlers.params.translate import is_sampling
 from djl_handlers.request.records import Request
-from djl_handlers.request.sequences import ranked, returned
+from djl_handlers.request.sequences import best_first, ranked
 from djl_handlers.scheduling.slot import RequestSlot
 
 __all__ = ["SampleGroup", "check_sample_format"]
@@ -120,7 +120,7 @@ class SampleGroup(RequestSlot):
     def _complete(self) -> None:
         if returned_count(self.request.params) < len(self.samples):
             self.output.sequences = ranked(self.output.sequences)  # the response shows the best ones
-        self.finish(ranked(returned(self.output))[0].finish_reason or "length")
+        self.finish(best_first(self.output)[0].finish_reason or "length")
 
     def record(self) -> dict[str, Any]:
         """The group's record: the formatter sees every sample's new tokens of this step."""

@@ -356,8 +356,6 @@ def unknown_parameter_cases() -> Iterator[Case]:
                mentions=("mean the same",))
     yield Case("unsupported-typical-p-vllm", body_with('"typical_p": 0.5'), engine="vllm",
                modes=(ROLLING,), mentions=("typical_p", "not supported", "vllm"))
-    yield Case("unsupported-early-stopping-vllm", body_with('"early_stopping": true'), engine="vllm",
-               modes=(ROLLING,), mentions=("early_stopping", "not supported", "vllm"))
     yield Case("unsupported-default-value-ok", body_with(f'"num_beams": 1, "max_new_tokens": {N}'), status=200,
                expect_text=REPLY[:N])
     # Dynamic batching uses no formatter, so a formatter name is only checked in rolling mode.

@@ -19,6 +19,9 @@ vLLM's outputs become step outputs).
 - Several samples (``n``/``best_of`` > 1) are one vLLM request with ``SamplingParams.n``; each
   sample's outputs come under its own id (``vllm_samples``), and the request is aborted only once
   every sample is released.
+- Beam search (``num_beams`` > 1) is a state machine per request across the steps (``vllm_beam_sync``):
+  each step adds one one-token request per live beam beside the other requests; the rule is vLLM's
+  own (as its loop in async mode) or, with ``early_stopping``, transformers' (``vllm_beam_loop``).
 
 ``option.rolling_batch=lmi-dist`` is served by this adapter too (``LmiDistEngine``): LMI-Dist is
 not on PyPI, its documented parameter set is vLLM's, and the adapter logs which engine serves it.
@@ -33,7 +36,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.common import fit_kwargs, import_engine_library, vllm_structured_kwargs
 from djl_handlers.engines.external.vllm_async import VllmAsyncEngine
-from djl_handlers.engines.external.vllm_beams import refuse_in_sync_mode
+from djl_handlers.engines.external.vllm_beam_loop import beam_rule, check_beams, max_logprobs, step_sampling
+from djl_handlers.engines.external.vllm_beam_sync import SyncBeams
+from djl_handlers.engines.external.vllm_beams import is_beam_search
 from djl_handlers.engines.external.vllm_config import (
     LMI_DIST_NOTICE,
     engine_args_kwargs,
@@ -85,7 +90,9 @@ class VllmEngine:
         self.tokenizer = engine_tokenizer(engine)
         model_config = getattr(engine, "model_config", None) or engine.get_model_config()
         self.max_model_len = int(model_config.max_model_len)
+        self.max_logprobs = max_logprobs(model_config)
         self.eos_token_ids = eos_ids(self.tokenizer)
+        self._beams = SyncBeams(engine)  # beam requests, each a state machine over one-token requests
         self._tracks: dict[int, RequestTracks] = {}  # by vLLM request id (sample 0)
         self._owners: dict[int, int] = {}  # sample id -> vLLM request id
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
@@ -130,7 +137,9 @@ class VllmEngine:
         """Queue ``request`` in vLLM; bad parameters raise ``InvalidParameter``, a prompt vLLM
         refuses ``PromptTooLong``."""
         vllm = import_engine_library("vllm", self.name)
-        refuse_in_sync_mode(request)
+        if is_beam_search(request):
+            self._add_beams(vllm, request)
+            return
         sampling, _ = sampling_params(vllm, request.params)
         refuse_prompt_logprobs_with_lora(sampling, self.loras)
         lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
@@ -148,10 +157,29 @@ class VllmEngine:
             self._prompt_counts[request.request_id] = len(request.prompt_ids)
         self._owners.update((sample_id, request.request_id) for sample_id in tracks.ids)
 
+    def _add_beams(self, vllm: Any, request: EngineRequest) -> None:
+        """A beam request: its search starts (``vllm_beam_sync``; the rule: ``vllm_beam_loop``)."""
+        check_beams(request, limit=self.max_logprobs, eos_ids=self.eos_token_ids, sync=True)
+        eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        rule = beam_rule(request, eos_ids=self.eos_token_ids, eos_token_id=eos_token_id,
+                         max_model_len=self.max_model_len)
+        lora = {"lora_request": require_loras(self).request_for(request.adapter)} if request.adapter else {}
+        try:
+            self._beams.add(request, rule, step_sampling(vllm, rule.logprobs), lora)
+        except Exception as exc:
+            error = rejection(exc, request.params)
+            if error is None:
+                raise
+            raise error from exc
+
     def step(self) -> list[StepOutput]:
-        """Run one vLLM step; one ``StepOutput`` per new token of every request (sample) that advanced."""
+        """Run one vLLM step; one ``StepOutput`` per new token of every request (sample) that advanced
+        (a beam request: what its step gave)."""
         results: list[StepOutput] = []
         for output in self.engine.step():
+            if self._beams.owns(output.request_id):
+                self._beams.collect(output)
+                continue
             rid = _int_id(output.request_id)
             tracks = self._tracks.get(rid) if rid is not None else None
             if tracks is None or not output.outputs:
@@ -159,11 +187,13 @@ class VllmEngine:
             if rid in self._prompt_counts:
                 check_prompt_count(rid, self._prompt_counts.pop(rid), output)
             results.extend(request_outputs(tracks, output, self.tokenizer))
-        return results
+        return results + self._beams.advance()
 
     def release(self, request_id: int) -> None:
         """Forget the request (or one sample of it); once every sample is let go, abort the
         request in vLLM if vLLM has not finished it."""
+        if self._beams.release(request_id):
+            return
         owner = self._owners.pop(request_id, None)
         tracks = self._tracks.get(owner) if owner is not None else None
         if owner is None or tracks is None or not tracks.release(request_id):
@@ -174,7 +204,7 @@ class VllmEngine:
             self.engine.abort_request([str(owner)])
 
     def has_unfinished(self) -> bool:
-        return any(t.live for t in self._tracks.values())
+        return any(t.live for t in self._tracks.values()) or self._beams.has_unfinished()
 
     def kv_cache_usage(self) -> Optional[dict[str, float]]:
         """vLLM's own KV-cache figure (``vllm:kv_cache_usage_perc``, 0..1) from

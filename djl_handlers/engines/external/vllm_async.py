@@ -18,7 +18,9 @@ Per request (:class:`~djl_handlers.engines.base.AsyncEngine`):
 - ``abort_async`` is ``engine.abort(str(request_id))``: async mode calls it when it stops reading
   a request (a stop rule of ours, a cancel, a client that went away); closing the stream does the
   same inside vLLM.
-- Beam search (``num_beams``) is vLLM's own loop over this engine (``vllm_beams``).
+- Beam search (``num_beams``) is vLLM's own loop over this engine (``vllm_beams``); with
+  ``early_stopping``, our loop with transformers' rule (``vllm_beam_loop``): each step's one-token
+  requests run together, settled tokens are yielded as they grow.
 - A vision-language model takes images as in sync mode (``vllm_media``): ``generate`` gets the text
   with ``multi_modal_data``/``multi_modal_uuids``; a beam search, vLLM's rendered input.
 - Several samples (``n``/``best_of`` > 1) are one ``generate`` with ``SamplingParams.n``; each
@@ -43,6 +45,14 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.common import fit_kwargs, import_engine_library
+from djl_handlers.engines.external.vllm_beam_loop import (
+    beam_rule,
+    check_beams,
+    max_logprobs,
+    own_beam_outputs,
+    step_sampling,
+    wants_transformers_rule,
+)
 from djl_handlers.engines.external.vllm_beams import beam_search_outputs, is_beam_search
 from djl_handlers.engines.external.vllm_config import (
     engine_args_kwargs,
@@ -99,6 +109,7 @@ class VllmAsyncEngine:
         self._vllm = vllm
         self.tokenizer = engine_tokenizer(engine)
         self.max_model_len = int(engine.model_config.max_model_len)
+        self.max_logprobs = max_logprobs(engine.model_config)
         self.eos_token_ids = eos_ids(self.tokenizer)
         self.loras: Any = None  # lora/external.py's EngineLoras with option.enable_lora=true
         self._unfinished: set[int] = set()  # requests vLLM has not finished (abort_async skips the others)
@@ -138,8 +149,8 @@ class VllmAsyncEngine:
 
     async def generate_async(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
         """Run ``request`` in vLLM; yields its new step outputs per ``RequestOutput``."""
-        if is_beam_search(request):  # vLLM's own beam-search loop (vllm_beams)
-            async for outs in beam_search_outputs(self.engine, request):
+        if is_beam_search(request):
+            async for outs in self._beam_search(request):
                 yield outs
             return
         sampling, delta = sampling_params(self._vllm, request.params, delta=True)
@@ -174,6 +185,22 @@ class VllmAsyncEngine:
             for sample_id in tracks.ids:
                 self._samples.pop(sample_id, None)
             await stream.aclose()
+
+    async def _beam_search(self, request: EngineRequest) -> AsyncIterator[list[StepOutput]]:
+        """vLLM's own beam-search loop (``vllm_beams``), or with ``early_stopping`` ours (``vllm_beam_loop``)."""
+        check_beams(request, limit=self.max_logprobs, eos_ids=self.eos_token_ids, sync=False)
+        lora = require_loras(self).request_for(request.adapter) if request.adapter else None
+        if not wants_transformers_rule(request.params):
+            async for outs in beam_search_outputs(self.engine, request, lora):
+                yield outs
+            return
+        eos_token_id = getattr(self.tokenizer, "eos_token_id", None)
+        rule = beam_rule(request, eos_ids=self.eos_token_ids, eos_token_id=eos_token_id,
+                         max_model_len=self.max_model_len)
+        sampling = step_sampling(self._vllm, rule.logprobs)
+        async for outs in own_beam_outputs(self.engine, request, rule, sampling,
+                                           {"lora_request": lora} if lora is not None else {}):
+            yield outs
 
     def release(self, request_id: int) -> None:
         """One sample of a request with several finished by a rule of ours: its further outputs are

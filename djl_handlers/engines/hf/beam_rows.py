@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from djl_handlers.engines.base import StepOutput
-from djl_handlers.engines.hf.beams import BeamSearch
+from djl_handlers.engines.hf.beams import BeamSearch, beam_outputs
 from djl_handlers.engines.hf.rows import Row
 from djl_handlers.errors import InvalidParameter
 from djl_handlers.params.samples import sample_count
@@ -202,27 +202,11 @@ def _processed(raw: torch.Tensor, beams: list[Row]) -> torch.Tensor:
 
 
 def _report(search: BeamSearch, beams: list[Row], prompt_lp: list[float | None] | None) -> list[StepOutput]:
-    """The request's outputs of this step, under each of its ids: newly settled tokens (shared by every
-    hypothesis), or (search over) the rest of the i-th best hypothesis under ``ids[i]``."""
+    """The request's outputs of this step (:func:`~djl_handlers.engines.hf.beams.beam_outputs`); its rows
+    are done once the search ends."""
     if search.prompt_lps is None and prompt_lp is not None:
         search.prompt_lps = prompt_lp
-    settled = search.settled()
     if search.done:
         for row in beams:
             row.done = True
-        ends = [(h.tokens, h.log_probs) for h in search.best(len(search.ids))]
-    else:
-        ends = [(settled, search.running[0][1])] * len(search.ids)
-    outputs = []
-    for rid, (tokens, lps) in zip(search.ids, ends, strict=True):
-        if rid not in search.live:
-            continue
-        mine = [StepOutput(rid, token_id=tokens[j], log_prob=lps[j],
-                           prompt_logprobs=search.prompt_lps if j == 0 else None)
-                for j in range(search.emitted, len(tokens))]
-        if search.done and mine:
-            reason = "eos_token" if mine[-1].token_id in search.eos else "length"
-            mine[-1] = replace(mine[-1], finish_reason=reason)
-        outputs += mine
-    search.emitted = len(settled)
-    return outputs
+    return beam_outputs(search)

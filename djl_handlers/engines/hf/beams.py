@@ -26,17 +26,21 @@ hypothesis, which no later step can change (every later candidate extends a runn
 send the settled tokens as they grow.
 
 Pure bookkeeping on small CPU tensors (the scores of one request); the forward, the processors and
-the KV rows are the engine's (:mod:`djl_handlers.engines.hf.beam_rows`).
+the KV rows are the engine's (:mod:`djl_handlers.engines.hf.beam_rows`; on vLLM, the one-token
+requests of :mod:`djl_handlers.engines.external.vllm_beam_rules`). :func:`beam_outputs` turns a
+step into the request's outputs for either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["NEG", "BeamSearch", "Hypothesis"]
+from djl_handlers.engines.base import StepOutput
+
+__all__ = ["NEG", "BeamSearch", "Hypothesis", "beam_outputs"]
 
 NEG = -1.0e9  # the score of an empty slot, and the penalty that keeps a candidate out
 
@@ -176,3 +180,28 @@ class BeamSearch:
             tokens, lps = self.finished[i] if flags[i] else self.running[i]
             result.append(Hypothesis(tokens, lps, scores[i] if flags[i] else float(self.scores[0, i])))
         return result
+
+
+def beam_outputs(search: BeamSearch) -> list[StepOutput]:
+    """The request's outputs of the step just taken, under each of its ids still live: newly settled
+    tokens (shared by every hypothesis), or (search over) the rest of the i-th best hypothesis under
+    ``ids[i]``, its last token with ``finish_reason`` (``eos_token`` when it is an eos, else
+    ``length``). The first token carries :attr:`BeamSearch.prompt_lps`."""
+    settled = search.settled()
+    if search.done:
+        ends = [(h.tokens, h.log_probs) for h in search.best(len(search.ids))]
+    else:
+        ends = [(settled, search.running[0][1])] * len(search.ids)
+    outputs = []
+    for rid, (tokens, lps) in zip(search.ids, ends, strict=True):
+        if rid not in search.live:
+            continue
+        mine = [StepOutput(rid, token_id=tokens[j], log_prob=lps[j],
+                           prompt_logprobs=search.prompt_lps if j == 0 else None)
+                for j in range(search.emitted, len(tokens))]
+        if search.done and mine:
+            reason = "eos_token" if mine[-1].token_id in search.eos else "length"
+            mine[-1] = replace(mine[-1], finish_reason=reason)
+        outputs += mine
+    search.emitted = len(settled)
+    return outputs
