@@ -309,3 +309,58 @@ def test_a_beam_searchs_best_is_its_first_hypothesis_not_the_highest_sum() -> No
     assert best_first(beams) == (beams.sequences[0], [beams.sequences[1]])
     samples = group(do_sample=True)
     assert best_first(samples) == (samples.sequences[1], [samples.sequences[0]])
+
+
+class _TableAsyncEngine:
+    """``AsyncLLM.generate`` for one-token requests over the table (one ``RequestOutput``-like object)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.closed = 0
+
+    def generate(self, prompt: dict[str, Any], sampling: Any, request_id: str, **kwargs: Any) -> Any:
+        from types import SimpleNamespace
+
+        self.ids.append(request_id)
+        tops = top(tuple(prompt["prompt_token_ids"]), sampling.logprobs)
+        entries = {t: SimpleNamespace(logprob=lp) for t, lp in tops.items()}
+        comp = SimpleNamespace(token_ids=[next(iter(tops))], logprobs=[entries], finish_reason="length")
+        engine = self
+
+        async def stream() -> Any:
+            try:
+                yield SimpleNamespace(outputs=[comp], finished=True)
+            finally:
+                engine.closed += 1
+
+        return stream()
+
+
+def test_async_driver_yields_what_the_rule_gives_step_by_step() -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from djl_handlers.engines.external.vllm_beam_loop import own_beam_outputs
+
+    prompt = (1, 2)
+    request = EngineRequest(1, list(prompt), params(num_beams=2, max_new_tokens=10, early_stopping="never"))
+    rule = beam_rule(request, eos_ids={EOS}, eos_token_id=EOS, max_model_len=64)
+    want = [outs for outs in drive_steps(beam_rule(request, eos_ids={EOS}, eos_token_id=EOS, max_model_len=64),
+                                         prompt) if outs]
+    engine = _TableAsyncEngine()
+    sampling = SimpleNamespace(logprobs=rule.logprobs)
+
+    async def collect() -> list[list[StepOutput]]:
+        return [outs async for outs in own_beam_outputs(engine, request, rule, sampling, {})]
+
+    assert asyncio.run(collect()) == want
+    assert engine.ids[:3] == ["1-beam-0-0", "1-beam-1-0", "1-beam-1-1"]  # one beam first, then each
+    assert engine.closed == len(engine.ids)
+
+
+def drive_steps(rule: Any, prompt: tuple[int, ...]) -> list[list[StepOutput]]:
+    """The rule's outputs per step (as ``drive``, kept apart)."""
+    steps = []
+    while not rule.done:
+        steps.append(rule.feed([top(prompt + ask, rule.logprobs) for ask in rule.asks()]))
+    return steps
