@@ -11,18 +11,30 @@ with the vendored ``convert_hf_to_gguf.py``; this module finds them under ``$LLA
 
 Per precision class the two servers are up together (never more than two at once): ours with the HF
 engine (``max_rolling_batch_size`` = the concurrency) and llama-server with ``--parallel`` = the
-concurrency, a context of input + output + a margin per slot, continuous batching, ``--threads 2``
-(prefill and decode) on 127.0.0.1, its other settings llama.cpp's defaults (an F16 KV cache, flash
-attention ``auto``). vLLM's own benchmark client (:mod:`benchmarks.vllm_client`: random dataset, fixed
+concurrency, a context of input + output + a margin per slot, continuous batching, ``--threads`` and
+``--threads-batch`` from ``--llama-threads`` (default 2) on 127.0.0.1, its other settings llama.cpp's
+defaults (an F16 KV cache, flash attention ``auto``). On a 2-core machine that other jobs load, 2
+threads are llama.cpp's worst setting: its threads meet at an OpenMP barrier after every node of the
+graph, so one thread descheduled stalls the other (8 requests: 5.3 tok/s with 2 threads, 49.6 with 1);
+run both. Our worker sets ``GOMP_SPINCOUNT=1000`` (spin briefly, then sleep) unless the environment
+chose; llama-server inherits the environment, so ``GOMP_SPINCOUNT=1000 python -m benchmarks.llama_cpp``
+gives both servers the same OpenMP waiting.
+
+vLLM's own benchmark client (:mod:`benchmarks.vllm_client`: random dataset, fixed
 lengths, ``ignore_eos``, greedy, streamed ``/v1/completions``) warms each server once, then ``--rounds``
 rounds send the same prompts to both (order alternating; a new seed per round). Reported per round:
 output tok/s, TTFT p50/p99, ITL p50, ratios ours / llama-server and their medians, peak PSS; per run the
-token counts each server reported (``usage``) and the streamed chunks per request, checked against the
-lengths asked for: llama-server honours ``ignore_eos`` and ``max_tokens``, and counts the prompt with
-the GGUF's copy of the same tokenizer, so a run where either count differs is flagged, not hidden.
+tokens each request generated and the streamed chunks, checked against the lengths asked for (a run
+where a count differs is flagged, not hidden). Ours: the ``usage`` the client reads. llama-server
+honours ``ignore_eos`` and ``max_tokens``, but the client cannot read its ``usage`` (see
+:func:`llama_counts`), so its tokens and its tok/s come from its own log (the client's figures kept
+beside them as ``tok_s_client``).
 
     python -m benchmarks.llama_cpp [--precision fp32,int8] [--rounds 3] [--prompts 32] [--concurrency 32]
-        [--input-len 256] [--output-len 128] [--quick]
+        [--input-len 256] [--output-len 128] [--llama-threads 2] [--out llama-cpp] [--quick]
+
+Raw results: ``benchmarks/results/<out>.json``, vLLM's JSON of every run under ``llama-cpp-runs/``,
+llama-server's logs under ``llama-cpp-logs/`` (ours under ``architectures-logs/``).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -60,6 +73,7 @@ from benchmarks.common import write_report as save_report
 from benchmarks.served_engines import VLLM_VENV
 
 LOGS = RESULTS / "llama-cpp-logs"
+RUNS = RESULTS / "llama-cpp-runs"  # vLLM's result JSON of every run, per-request lists included
 HOME = Path(os.environ.get("LLAMA_CPP_HOME", Path.home() / ".cache" / "djl_handlers" / "llama.cpp"))
 GGUF_NAME = "smollm2-135m-instruct-{type}.gguf"  # what scripts/setup_llama_cpp.sh writes
 OURS, LLAMA = "ours", "llama"
@@ -106,12 +120,12 @@ def llama_command(server: Path, gguf: Path, port: int, work: Workload, threads: 
 
 
 @contextlib.contextmanager
-def serve_llama(server: Path, gguf: Path, work: Workload) -> Iterator[tuple[str, int, Path]]:
+def serve_llama(server: Path, gguf: Path, work: Workload, threads: int = 2) -> Iterator[tuple[str, int, Path]]:
     """llama-server on ``gguf``; yields (url, pid, log) once ``/health`` answers 200 (the model loaded)."""
     port = free_port()
-    log = LOGS / f"llama-{gguf.stem}.log"
+    log = LOGS / f"llama-{gguf.stem}-t{threads}.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(llama_command(server, gguf, port, work), env=server_env(), cwd=str(ROOT),
+        proc = subprocess.Popen(llama_command(server, gguf, port, work, threads), env=server_env(), cwd=str(ROOT),
                                 stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -135,6 +149,41 @@ def token_check(result: dict[str, Any], work: Workload) -> dict[str, Any]:
     return {"output_tokens": span(outputs), "prompt_tokens": span(inputs), "chunks": span(chunks),
             "exact_output": bool(outputs) and len(outputs) == work.prompts
             and all(n == work.output_len for n in outputs)}
+
+
+TIMING = re.compile(r"task (\d+) \|\s+(prompt eval|eval) time =.*/\s*(\d+) tokens")
+
+
+def llama_counts(log_text: str) -> list[tuple[int, int]]:
+    """(prompt tokens evaluated, tokens generated) per finished request, from llama-server's own
+    ``print_timing`` log lines, in the order the requests finished. vLLM's client cannot read
+    llama-server's counts: on ``/v1/completions`` llama-server puts ``usage`` into the last chunk beside
+    a non-empty ``choices``, which the client reads as text only, so it counts the output by
+    re-tokenising the text (a character split over two tokens comes back as one: 30 for 32)."""
+    prompt: dict[int, int] = {}
+    found: list[tuple[int, int]] = []
+    for task, kind, n in TIMING.findall(log_text):
+        if kind == "prompt eval":
+            prompt[int(task)] = int(n)
+        elif int(task) in prompt:
+            found.append((prompt.pop(int(task)), int(n)))
+    return found
+
+
+def with_server_counts(run: dict[str, Any], counts: Sequence[tuple[int, int]], work: Workload) -> dict[str, Any]:
+    """A llama-server run with its own token counts: ``tok_s`` becomes the tokens it generated over the
+    run's duration (the client's figure kept as ``tok_s_client``), ``tokens`` its counts and whether
+    every request generated exactly ``output_len``."""
+    generated = [g for _, g in counts]
+    prompts = [p for p, _ in counts]
+    run = {**run, "tok_s_client": run["tok_s"], "tokens_client": run["tokens"]}
+    if generated and run.get("duration_s"):
+        run["tok_s"] = rnd(sum(generated) / run["duration_s"], 1)
+    run["tokens"] = {"output_tokens": [min(generated), max(generated)] if generated else None,
+                     "prompt_tokens_evaluated": [min(prompts), max(prompts)] if prompts else None,
+                     "requests": len(counts), "chunks": run["tokens"].get("chunks"),
+                     "exact_output": len(counts) == work.prompts and all(g == work.output_len for g in generated)}
+    return run
 
 
 def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) -> dict[str, Any]:
@@ -192,6 +241,17 @@ def summary(runs: dict[str, list[dict[str, Any]]], goal: float = GOAL) -> dict[s
                     for name, rs in runs.items()}}
 
 
+def log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def read_from(log: Path, offset: int) -> str:
+    """The log's text after ``offset`` bytes."""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 def llama_settings(log: Path) -> list[str]:
     """The lines of llama-server's start-up log that say how it runs (system info, KV cache, flash
     attention, slots, threads)."""
@@ -202,7 +262,7 @@ def llama_settings(log: Path) -> list[str]:
 
 
 def run_precision(precision: Precision, work: Workload, rounds: int, root: Path, server: Path, gguf_dir: Path,
-                  model_dir: Path) -> dict[str, Any]:
+                  model_dir: Path, runs_dir: Path, llama_threads: int = 2) -> dict[str, Any]:
     """Ours and llama-server at one precision class: both up, one warm-up run each, then ``rounds``
     rounds, the order alternating."""
     gguf = gguf_dir / GGUF_NAME.format(type=precision.gguf_type)
@@ -214,15 +274,18 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
     with contextlib.ExitStack() as stack:
         servers = {OURS: stack.enter_context(serve_hf(model_dir, "fp32", work, root, f"ours-{precision.name}",
                                                       precision.options)),
-                   LLAMA: stack.enter_context(serve_llama(server, gguf, work))}
+                   LLAMA: stack.enter_context(serve_llama(server, gguf, work, llama_threads))}
         watches = {s: MemoryWatch(pid) for s, (_, pid, _) in servers.items()}
         try:
             for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
-                warm[s] = run_client(url, model_dir, 1000, work, root / f"{precision.name}-{s}-warm.json")
+                warm[s] = run_client(url, model_dir, 1000, work, runs_dir / f"{precision.name}-{s}-warm.json")
             for r in range(rounds):
                 order = [OURS, LLAMA] if r % 2 == 0 else [LLAMA, OURS]
                 for s in order:
-                    run = run_client(servers[s][0], model_dir, r + 1, work, root / f"{precision.name}-{s}-{r}.json")
+                    seen = log_size(servers[s][2])
+                    run = run_client(servers[s][0], model_dir, r + 1, work, runs_dir / f"{precision.name}-{s}-{r}.json")
+                    if s == LLAMA:
+                        run = with_server_counts(run, llama_counts(read_from(servers[s][2], seen)), work)
                     run.update(round=r, server=s, peak_pss_mib=rnd(watches[s].reset() / 2**20, 0))
                     runs[s].append(run)
                     print(precision.name, json.dumps(run), flush=True)
@@ -232,6 +295,7 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
                 w.stop()
         settings = llama_settings(servers[LLAMA][2])
     return {"precision": precision.name, "ours_options": dict(precision.options), "gguf": gguf.name,
+            "llama_threads": llama_threads,
             "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs, **summary(runs), "warmup": warm,
             "peak_pss_mib_last": peaks, "llama_settings": settings}
 
@@ -241,7 +305,8 @@ def llama_version(server: Path) -> str:
     return " ".join((done.stdout + done.stderr).split())[:300]
 
 
-def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int) -> dict[str, Any]:
+def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int, llama_threads: int = 2,
+                  runs_dir: Path = RUNS) -> dict[str, Any]:
     """Every precision class in turn (two servers up at a time)."""
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it (vLLM's client)")
@@ -250,13 +315,14 @@ def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int) -> dic
     server, gguf_dir = find_llama()
     model_dir = embedded_model_dir()
     LOGS.mkdir(parents=True, exist_ok=True)
+    runs_dir.mkdir(parents=True, exist_ok=True)
     (RESULTS / "architectures-logs").mkdir(parents=True, exist_ok=True)  # where serve_hf keeps our server's log
     report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "llama_server": str(server),
                               "llama_version": llama_version(server), "model_dir": str(model_dir), "pairs": []}
     with tempfile.TemporaryDirectory(prefix="llama-cpp-") as tmp:
         for name in precisions:
             report["pairs"].append(run_precision(PRECISIONS[name], work, rounds, Path(tmp), server, gguf_dir,
-                                                 model_dir))
+                                                 model_dir, runs_dir, llama_threads))
     return report
 
 
@@ -279,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's --threads/--threads-batch")
+    parser.add_argument("--out", default="llama-cpp", help="the report's name under benchmarks/results")
     parser.add_argument("--quick", action="store_true", help="8 prompts of 64+32 tokens, 8 concurrent, 1 round")
     args = parser.parse_args(argv)
     work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
@@ -290,9 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--precision: unknown {unknown}; of {', '.join(PRECISIONS)}")
     started = context()
-    report = run_benchmark(precisions, work, rounds)
+    report = run_benchmark(precisions, work, rounds, args.llama_threads,
+                           RUNS / f"{args.out}{'-quick' if args.quick else ''}")
     print_report(report)
-    save_report("llama-cpp", report, args.quick, started)
+    save_report(args.out, report, args.quick, started)
     return 0
 
 

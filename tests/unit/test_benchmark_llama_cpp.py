@@ -11,7 +11,18 @@ from typing import Any
 import pytest
 
 from benchmarks.architectures import Workload
-from benchmarks.llama_cpp import LLAMA, OURS, PRECISIONS, find_llama, llama_command, slot_context, summary, token_check
+from benchmarks.llama_cpp import (
+    LLAMA,
+    OURS,
+    PRECISIONS,
+    find_llama,
+    llama_command,
+    llama_counts,
+    slot_context,
+    summary,
+    token_check,
+    with_server_counts,
+)
 from benchmarks.vllm_client import vllm_arguments
 
 WORK = Workload(prompts=32, concurrency=32, input_len=256, output_len=128)
@@ -91,3 +102,28 @@ def test_the_client_keeps_per_request_lists_only_when_asked(tmp_path: Path) -> N
     args.save_detailed = True
     line = vllm_arguments(args)
     assert "--save-detailed" in line and "--ignore-eos" in line
+
+
+LOG = """0.28.953.586 I slot print_timing: id  7 | task 0 | prompt eval time =     295.60 ms /    64 tokens (  4.62 ms)
+0.28.954.347 I slot print_timing: id  7 | task 0 |        eval time =    3763.03 ms /    32 tokens (121.39 ms)
+0.28.954.456 I slot print_timing: id  7 | task 0 |       total time =    4058.63 ms /    96 tokens
+0.29.000.001 I slot print_timing: id  3 | task 12 | prompt eval time =     100.00 ms /    63 tokens (  1.59 ms)
+0.29.000.002 I slot print_timing: id  3 | task 12 |        eval time =    3000.00 ms /    30 tokens (100.00 ms)
+"""
+
+
+def test_llama_servers_own_counts_are_read_from_its_log() -> None:
+    assert llama_counts(LOG) == [(64, 32), (63, 30)]
+    assert llama_counts("no timing here\n") == []
+
+
+def test_a_llama_run_is_counted_with_the_servers_own_tokens() -> None:
+    work = Workload(prompts=2, concurrency=2, input_len=64, output_len=32)
+    run = {"tok_s": 62.0, "duration_s": 2.0, "tokens": {"output_tokens": [30, 32], "chunks": [32, 33],
+                                                        "exact_output": False}}
+    got = with_server_counts(run, [(64, 32), (64, 32)], work)
+    assert got["tok_s"] == 32.0 and got["tok_s_client"] == 62.0  # 64 generated tokens over 2 s
+    assert got["tokens"]["exact_output"] is True and got["tokens"]["output_tokens"] == [32, 32]
+    assert got["tokens_client"]["output_tokens"] == [30, 32]
+    assert with_server_counts(run, llama_counts(LOG), work)["tokens"]["exact_output"] is False  # one stopped at 30
+    assert with_server_counts(run, [(64, 32)], work)["tokens"]["exact_output"] is False  # a request missing
