@@ -45,6 +45,24 @@ def test_quantized_weights_are_per_channel_symmetric() -> None:
     assert torch.allclose(q.float() * scales[:, None], weight, atol=float(scales.max()) / 2 + 1e-6)
 
 
+@pytest.mark.parametrize("limit", [int8.FULL_RANGE, int8.SAFE_RANGE])
+def test_a_weight_limit_bounds_every_value(limit: int) -> None:
+    q, scales = int8.quantize_weight(torch.randn(6, 10), limit)
+    assert bool((q.abs().amax(dim=1) == limit).all())
+
+
+def test_products_at_the_ends_of_both_ranges_sum_exactly_on_this_cpu() -> None:
+    """Every weight at its channel's peak and every activation at +1 or -1: the pairs a 16-bit
+    kernel (AVX2 without VNNI) would saturate. The layer must still give the fp32 answer."""
+    layer = torch.nn.Linear(256, 4, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([[1.0], [-1.0], [0.5], [-2.0]]).expand(4, 256))
+    q = int8.Int8Linear(layer)
+    x = torch.stack([torch.ones(256), -torch.ones(256), torch.ones(256).index_fill(0, torch.arange(0, 256, 2), -1.0)])
+    assert torch.allclose(q(x), layer(x), rtol=0.02, atol=0.5), (q(x), layer(x))
+    assert int8.weight_limit() == (int8.SAFE_RANGE if int8.saturates() else int8.FULL_RANGE)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_row_gets_the_same_bits_alone_and_in_any_batch(bias: bool) -> None:
     q = int8.Int8Linear(_linear(bias, out=200, inp=160))

@@ -15,8 +15,15 @@ then [-1, 1] in every call, the activation scale and zero point are constants, a
 sums (exact) and its scaling depend on that row alone. Greedy output of the batched engine equals
 ``generate()`` one request at a time on the same quantized model. Activations use the full 8 bits
 (``reduce_range=False``): torch's x86 default of 7 bits doubled the log-likelihood distance to fp32
-on the embedded model (mean |d log p| 0.36 against 0.14). On a CPU without AVX-512 VNNI fbgemm sums
-pairs of products in 16 bits, which can saturate for rare activation/weight pairs near both ends.
+on the embedded model (mean |d log p| 0.36 against 0.14).
+
+Saturation: on a CPU without AVX-512 VNNI (AVX2-only CPUs such as AMD Zen 3) fbgemm multiplies the
+unsigned 8-bit activations by the int8 weights with ``vpmaddubsw``, which adds each pair of products
+in 16 bits and saturates: 255 x 127 x 2 = 64,770 does not fit, and the result is silently wrong (on
+the embedded model, a greedy token fp32 prefers by a logit gap of 4 flipped). :func:`weight_limit`
+finds out at load, with a call whose exact answer is known, whether this CPU's kernel saturates; where
+it does, weights are quantized to [-64, 64] (255 x 64 x 2 = 32,640 fits), halving the weight
+resolution instead of the activations' (which measured worse, above). The choice is logged.
 
 Sibling projections (q/k/v, gate/up) share one GEMM over their concatenated weights
 (:class:`Int8Sibling`), as ``option.cpu_fuse_projections`` does for the fp32 layers. Measured against
@@ -26,6 +33,7 @@ the prepacked fp32 oneDNN path (docs/engines.md, "Int8 on the CPU"); the weight-
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from typing import Any
@@ -51,12 +59,48 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(int8 [out, in], fp32 scales [out])``: symmetric per-output-channel int8 of ``weight``."""
+FULL_RANGE = 127  # int8 weights in [-127, 127]
+SAFE_RANGE = 64  # where the kernel adds product pairs in 16 bits: 255 * 64 * 2 fits in an int16
+
+
+def quantize_weight(weight: torch.Tensor, limit: int = FULL_RANGE) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(int8 [out, in], fp32 scales [out])``: symmetric per-output-channel int8 of ``weight``, its
+    values in ``[-limit, limit]``."""
     weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-    q = torch.round(weight / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    scales = (weight.abs().amax(dim=1) / limit).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round(weight / scales[:, None]).clamp_(-limit, limit).to(torch.int8)
     return q, scales
+
+
+def _pack(q: torch.Tensor, scales: torch.Tensor) -> Any:
+    zeros = torch.zeros(scales.numel(), dtype=torch.int64)
+    with warnings.catch_warnings():  # torch marks its quantized tensor types deprecated; fbgemm takes them
+        warnings.simplefilter("ignore", UserWarning)
+        qweight = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
+    return torch.ops.quantized.linear_prepack(qweight, None)
+
+
+def saturates() -> bool:
+    """Whether this CPU's fbgemm kernel adds pairs of products in 16 bits with saturation: a row of
+    +1 (unsigned 255) against weights of 127 must give ``127 * n``; a saturating kernel gives far less."""
+    n = 64
+    packed = _pack(torch.full((2, n), FULL_RANGE, dtype=torch.int8), torch.ones(2))
+    rows = torch.ones(2, n)
+    rows[1] = -1.0  # the layer's fixed [-1, 1] range
+    got = float(torch.ops.quantized.linear_dynamic(rows, packed, False)[0, 0])
+    return abs(got - FULL_RANGE * n) > 0.05 * FULL_RANGE * n
+
+
+@functools.cache
+def weight_limit() -> int:
+    """The weight range this CPU's kernel computes exactly (:data:`FULL_RANGE`, or :data:`SAFE_RANGE`
+    where it saturates); probed once per process and logged."""
+    if saturates():
+        LOG.info("int8: this CPU's fbgemm kernel adds product pairs in 16 bits (no AVX-512 VNNI); "
+                 "weights use [-%d, %d] so no sum saturates", SAFE_RANGE, SAFE_RANGE)
+        return SAFE_RANGE
+    LOG.info("int8: this CPU's fbgemm kernel sums in 32 bits; weights use [-%d, %d]", FULL_RANGE, FULL_RANGE)
+    return FULL_RANGE
 
 
 class Int8Linear(torch.nn.Module):
@@ -66,12 +110,8 @@ class Int8Linear(torch.nn.Module):
         super().__init__()
         self.in_features = module.in_features
         self.out_features = module.out_features
-        q, scales = quantize_weight(module.weight)
-        zeros = torch.zeros(scales.numel(), dtype=torch.int64)
-        with warnings.catch_warnings():  # torch marks its quantized tensor types deprecated; fbgemm takes them
-            warnings.simplefilter("ignore", UserWarning)
-            qweight = torch._make_per_channel_quantized_tensor(q, scales.double(), zeros, 0)
-        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        q, scales = quantize_weight(module.weight, weight_limit())
+        self.packed = _pack(q, scales)
         self.register_buffer("scales", scales)
         bias = module.bias
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float(), requires_grad=False)
