@@ -103,15 +103,23 @@ def serve_ours(model_dir: Path, work: Work, root: Path) -> Iterator[tuple[str, i
         "engine=Python", "option.entryPoint=djl_handlers.huggingface", f"option.model_id={model_dir}",
         "option.dtype=fp32", "option.rolling_batch=scheduler", f"option.max_rolling_batch_size={work.requests}",
         "option.max_model_len=2048", 'option.limit_mm_per_prompt={"image": 1}']) + "\n")
-    port, log = _port(), root / "ours.log"
+    port = _port()
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
+    command = [sys.executable, "-c", code, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)]
+    with _served(command, {**_env(), "PYTHONPATH": str(ROOT)}, ROOT, root / "ours.log", port, "/ping", 300) as up:
+        yield up
+
+
+@contextlib.contextmanager
+def _served(command: list[str], env: dict[str, str], cwd: Path, log: Path, port: int, health: str,
+            timeout: float) -> Iterator[tuple[str, int]]:
+    """``command`` started as a server on ``port`` (output to ``log``), up once ``health`` answers;
+    yields (url, pid) and stops it after."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(folder), "--host", "127.0.0.1",
-                                 "--port", str(port)], env={**_env(), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT),
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(command, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait(url, "/ping", proc, log, 300)
+        _wait(url, health, proc, log, timeout)
         yield url, proc.pid
     finally:
         stop_process(proc, 60)
@@ -120,21 +128,13 @@ def serve_ours(model_dir: Path, work: Work, root: Path) -> Iterator[tuple[str, i
 @contextlib.contextmanager
 def serve_vllm(model_dir: Path, work: Work, root: Path, extra_path: str) -> Iterator[tuple[str, int]]:
     """vLLM's OpenAI server on ``model_dir`` (``extra_path`` on its ``PYTHONPATH``); yields (url, pid)."""
-    port, log = _port(), root / "vllm.log"
-    env = {**_env(), "PYTHONPATH": extra_path}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-                                 "--model", str(model_dir), "--served-model-name", SERVED_NAME,
-                                 "--host", "127.0.0.1", "--port", str(port),
-                                 "--dtype", "float32", "--max-num-seqs", str(work.requests), "--max-model-len", "2048",
-                                 "--limit-mm-per-prompt", '{"image": 1}', "--seed", "0"],
-                                env=env, cwd=str(root), stdout=out, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait(url, "/health", proc, log, 600)
-        yield url, proc.pid
-    finally:
-        stop_process(proc, 60)
+    port = _port()
+    command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+               "--dtype", "float32", "--max-num-seqs", str(work.requests), "--max-model-len", "2048",
+               "--limit-mm-per-prompt", '{"image": 1}', "--seed", "0"]
+    with _served(command, {**_env(), "PYTHONPATH": extra_path}, root, root / "vllm.log", port, "/health", 600) as up:
+        yield up
 
 
 def vllm_extra_path(folder: str | None) -> str:
