@@ -196,16 +196,18 @@ def serve_vllm(model_dir: Path, dtype: str, work: Workload, root: Path) -> Itera
         stop_process(proc, 60)
 
 
-def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) -> dict[str, Any]:
-    """vLLM's benchmark client against ``url`` once; its result JSON plus the machine's CPU meanwhile."""
+def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path,
+               detailed: bool = False) -> dict[str, Any]:
+    """vLLM's benchmark client against ``url`` once; its result JSON plus the machine's CPU meanwhile
+    (``detailed``: the JSON keeps the per-request lists too)."""
     host0 = host_cpu()
     began = time.perf_counter()
     done = subprocess.run([str(VLLM_VENV / "bin" / "python"), "-m", "benchmarks.vllm_client", "--base-url", url,
                            "--model", str(model_dir), "--tokenizer", str(model_dir), "--seed", str(seed),
                            "--num-prompts", str(work.prompts), "--input-len", str(work.input_len),
                            "--output-len", str(work.output_len), "--max-concurrency", str(work.concurrency),
-                           "--result", str(out)], cwd=str(ROOT), env=_env(), capture_output=True, text=True,
-                          timeout=1800)
+                           "--result", str(out), *(["--save-detailed"] if detailed else [])],
+                          cwd=str(ROOT), env=_env(), capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"vLLM's client failed against {url}: {done.stderr[-2000:]}")
     result = json.loads(out.read_text())
@@ -213,6 +215,7 @@ def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) 
             "failed": result.get("failed", 0), "output_tokens": result["total_output_tokens"],
             "ttft_p50_s": rnd(result["median_ttft_ms"] / 1000), "ttft_p99_s": rnd(result["p99_ttft_ms"] / 1000),
             "itl_p50_ms": rnd(result["median_itl_ms"], 1), "itl_p99_ms": rnd(result["p99_itl_ms"], 1),
+            "duration_s": rnd(result["duration"], 2),
             "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu()),
             "load_avg_1m": rnd(os.getloadavg()[0], 2)}
 

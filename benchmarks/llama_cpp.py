@@ -47,7 +47,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,12 +56,11 @@ from benchmarks.architectures import MemoryWatch, Workload, serve_hf
 from benchmarks.architectures import _env as server_env
 from benchmarks.architectures import _free_port as free_port
 from benchmarks.architectures import _wait as wait_for
+from benchmarks.architectures import run_client as client_run
 from benchmarks.common import (
     RESULTS,
     ROOT,
     context,
-    host_cpu,
-    host_delta,
     median,
     print_table,
     rnd,
@@ -187,25 +185,11 @@ def with_server_counts(run: dict[str, Any], counts: Sequence[tuple[int, int]], w
 
 
 def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path) -> dict[str, Any]:
-    """vLLM's benchmark client against ``url`` once (per-request lists kept); the figures of the run."""
-    host0 = host_cpu()
-    began = time.perf_counter()
-    done = subprocess.run([str(VLLM_VENV / "bin" / "python"), "-m", "benchmarks.vllm_client", "--base-url", url,
-                           "--model", str(model_dir), "--tokenizer", str(model_dir), "--seed", str(seed),
-                           "--num-prompts", str(work.prompts), "--input-len", str(work.input_len),
-                           "--output-len", str(work.output_len), "--max-concurrency", str(work.concurrency),
-                           "--result", str(out), "--save-detailed"], cwd=str(ROOT), env=server_env(),
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"vLLM's client failed against {url}: {done.stderr[-2000:]}")
-    result = json.loads(out.read_text())
-    return {"tok_s": rnd(result["output_throughput"], 1), "completed": result["completed"],
-            "failed": result.get("failed", 0), "output_tokens": result["total_output_tokens"],
-            "ttft_p50_s": rnd(result["median_ttft_ms"] / 1000, 3), "ttft_p99_s": rnd(result["p99_ttft_ms"] / 1000, 3),
-            "itl_p50_ms": rnd(result["median_itl_ms"], 1), "itl_p99_ms": rnd(result["p99_itl_ms"], 1),
-            "duration_s": rnd(result["duration"], 2), "tokens": token_check(result, work),
-            "client_wall_s": rnd(time.perf_counter() - began, 1), "host_cpu_s": host_delta(host0, host_cpu()),
-            "load_avg_1m": rnd(os.getloadavg()[0], 2)}
+    """vLLM's benchmark client against ``url`` once (per-request lists kept); the figures of the run
+    with every request's token counts checked (:func:`token_check`)."""
+    run = client_run(url, model_dir, seed, work, out, detailed=True)
+    run["tokens"] = token_check(json.loads(out.read_text()), work)
+    return run
 
 
 def ratios(ours: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]], key: str) -> list[float | None]:
