@@ -40,7 +40,6 @@ from djl_handlers.engines.external.vllm_beam_rules import (
 )
 from djl_handlers.engines.external.vllm_media import has_images
 from djl_handlers.engines.external.vllm_requests import rejection
-from djl_handlers.engines.hf.beams import BeamSearch
 from djl_handlers.errors import InvalidParameter
 from djl_handlers.params.generation import GenerationParameters
 from djl_handlers.params.translate import is_sampling
@@ -101,6 +100,8 @@ def beam_rule(request: EngineRequest, *, eos_ids: Collection[int], eos_token_id:
     p = request.params
     ids = [request.request_id, *request.sample_ids]
     if wants_transformers_rule(p):
+        from djl_handlers.engines.hf.beams import BeamSearch  # torch: imported with the first beam request
+
         limit = max(1, min(p.max_new_tokens, max_model_len - len(request.prompt_ids)))
         search = BeamSearch(p.num_beams, limit, () if p.ignore_eos_token else eos_ids,
                             length_penalty=p.length_penalty, early_stopping=p.early_stopping, ids=ids)

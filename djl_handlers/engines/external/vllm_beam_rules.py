@@ -26,20 +26,21 @@ the length and a final eos not, give the ``beam_width`` best. It reports once, a
 sequence as vLLM's ``CompletionOutput`` shows it, through :func:`sequence_outputs` (what the
 asynchronous adapter does with vLLM's own answer).
 
-Pure bookkeeping: no vLLM import (numpy, which vLLM requires, only in :meth:`VllmRule.feed`).
+Pure bookkeeping: no vLLM import (numpy, which vLLM requires, only in :meth:`VllmRule.feed`; torch,
+which it requires too, only in :meth:`TransformersRule.feed`), so importing the adapter pulls neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from djl_handlers.engines.base import StepOutput
 from djl_handlers.engines.external.vllm_outputs import map_finish_reason
-from djl_handlers.engines.hf.beams import NEG, BeamSearch, beam_outputs
+
+if TYPE_CHECKING:
+    from djl_handlers.engines.hf.beams import BeamSearch
 
 __all__ = ["BeamRule", "Ended", "Tops", "TransformersRule", "VllmRule", "error_outputs", "sequence_outputs"]
 
@@ -80,6 +81,10 @@ class TransformersRule:
 
     def feed(self, tops: Sequence[Tops]) -> list[StepOutput]:
         """One step on the beams' top log-probs: a ``[num_beams, vocab]`` table at ``NEG`` but for them."""
+        import torch  # here, not at import: the adapter's import stays free of engine libraries
+
+        from djl_handlers.engines.hf.beams import NEG, beam_outputs
+
         width = 1 + max((max(top) for top in tops if top), default=0)
         table = torch.full((self.search.num_beams, width), NEG, dtype=torch.float32)
         for beam, top in enumerate(tops):
