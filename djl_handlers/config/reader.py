@@ -77,5 +77,6 @@ class Reader:
             return default
         word = found[1].lower()
         if word not in allowed:
-            raise self.fail(found[0], found[1], ", ".join(allowed))
+            # "" in ``allowed`` is the unset default (``get`` skips empty values): not listed
+            raise self.fail(found[0], found[1], ", ".join(a for a in allowed if a))
         return word
