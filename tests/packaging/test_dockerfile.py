@@ -24,6 +24,7 @@ import pytest
 
 from djl_handlers.config.properties import HANDLER_MODULES
 from djl_handlers.kernels import build as kernel_build
+from djl_handlers.model import embedder
 from djl_handlers.model.embedded import DISTRIBUTION, PINNED_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,6 +115,9 @@ def test_dockerfile_defaults_agree_with_the_package() -> None:
     assert re.search(r"^COPY \$\{MODEL_DIR\}/ /opt/ml/model/$", text, re.M)
     assert re.search(r"^COPY dist/djl_handlers-\*\.whl ", text, re.M)
     assert f"{DISTRIBUTION}=={PINNED_VERSION}" in text, "embedded model pin differs from djl_handlers.model.embedded"
+    assert f"{embedder.DISTRIBUTION}=={embedder.PINNED_VERSION}" in text, \
+        "embedded embedder pin differs from djl_handlers.model.embedder"
+    assert "-m djl_handlers.model.embedder" in text, "the embedder is installed but never unpacked"
     # The image copies of the documented SageMaker DLC name match the same LMI pattern.
     for image in re.findall(r"\d{12}\.dkr\.ecr\.<region>\.amazonaws\.com/djl-inference:\S+", text):
         assert LMI_IMAGE.fullmatch(image.replace("<region>", "us-east-1")), image
