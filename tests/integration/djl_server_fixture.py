@@ -91,13 +91,19 @@ class _Servers:
         self._server, self._key = None, None
 
 
+# One for the whole session. Each test module that imports ``djl_server_fixture`` registers its own
+# copy of the fixture (pytest keys fixtures by the module that holds them), so a ``_Servers`` per
+# fixture call would keep one live server per module until the session ends; sharing this one keeps
+# "at most one alive" true across modules.
+_SERVERS = _Servers()
+
+
 @pytest.fixture(scope="session", name="djl_server")
 def djl_server_fixture() -> Iterator[DjlServerFactory]:
     """``djl_server(model_dir, version="0.34", **env) -> DjlServer``: a started server, cached per session."""
     if shutil.which("java") is None:
         pytest.skip("java is not on PATH (Java 17 is needed for the DJL Serving tests)")
-    servers = _Servers()
     try:
-        yield servers.get
+        yield _SERVERS.get
     finally:
-        servers.stop_all()
+        _SERVERS.stop_all()
