@@ -152,6 +152,21 @@ def parse_variant(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 @contextlib.contextmanager
+def server_process(command: list[str], port: int, health: str, log: Path, env: dict[str, str],
+                   cwd: Path) -> Iterator[tuple[str, int, Path]]:
+    """``command`` (a server listening on 127.0.0.1:``port``) with its output in ``log``; yields
+    (url, pid, log) once ``health`` answers 200, and stops the process on the way out."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(url, health, proc, log)
+        yield url, proc.pid, log
+    finally:
+        stop_process(proc, 60)
+
+
+@contextlib.contextmanager
 def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path, name: str = "hf",
              options: tuple[tuple[str, str], ...] = ()) -> Iterator[tuple[str, int, Path]]:
     """``djl-handlers serve`` on ``model_dir`` with the HF engine (plus ``options``); yields (url, pid, log)."""
@@ -163,37 +178,23 @@ def serve_hf(model_dir: Path, dtype: str, work: Workload, root: Path, name: str 
         f"option.max_rolling_batch_size={work.concurrency}", "option.max_model_len=2048",
         f"option.predict_timeout={PREDICT_TIMEOUT_S}", *(f"option.{key}={value}" for key, value in options)]) + "\n")
     port = _free_port()
-    log = LOGS / f"{folder.name}.log"
     code = "import sys; from djl_handlers.cli import main; sys.exit(main())"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(folder), "--host", "127.0.0.1",
-                                 "--port", str(port)], env={**_env(), "PYTHONPATH": str(ROOT)}, cwd=str(ROOT),
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(url, "/ping", proc, log)
-        yield url, proc.pid, log
-    finally:
-        stop_process(proc, 60)
+    with server_process([sys.executable, "-c", code, "serve", str(folder), "--host", "127.0.0.1", "--port", str(port)],
+                        port, "/ping", LOGS / f"{folder.name}.log", {**_env(), "PYTHONPATH": str(ROOT)},
+                        ROOT) as served:
+        yield served
 
 
 @contextlib.contextmanager
 def serve_vllm(model_dir: Path, dtype: str, work: Workload, root: Path) -> Iterator[tuple[str, int, Path]]:
     """vLLM's OpenAI server (what ``vllm serve`` runs) on ``model_dir`` with its defaults; yields (url, pid, log)."""
     port = _free_port()
-    log = LOGS / f"vllm-{model_dir.name}-{dtype}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-                                 "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-                                 "--dtype", DTYPES[dtype], "--max-num-seqs", str(work.concurrency),
-                                 "--max-model-len", "2048", "--seed", "0"],
-                                env=_env(), cwd=str(root), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(url, "/health", proc, log)
-        yield url, proc.pid, log
-    finally:
-        stop_process(proc, 60)
+    with server_process([str(VLLM_VENV / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+                         "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                         "--dtype", DTYPES[dtype], "--max-num-seqs", str(work.concurrency),
+                         "--max-model-len", "2048", "--seed", "0"],
+                        port, "/health", LOGS / f"vllm-{model_dir.name}-{dtype}.log", _env(), root) as served:
+        yield served
 
 
 def run_client(url: str, model_dir: Path, seed: int, work: Workload, out: Path,

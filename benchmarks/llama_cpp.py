@@ -52,10 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.architectures import MemoryWatch, Workload, serve_hf
+from benchmarks.architectures import MemoryWatch, Workload, serve_hf, server_process
 from benchmarks.architectures import _env as server_env
 from benchmarks.architectures import _free_port as free_port
-from benchmarks.architectures import _wait as wait_for
 from benchmarks.architectures import run_client as client_run
 from benchmarks.common import (
     RESULTS,
@@ -65,7 +64,6 @@ from benchmarks.common import (
     print_table,
     rnd,
     stolen,
-    stop_process,
 )
 from benchmarks.common import write_report as save_report
 from benchmarks.served_engines import VLLM_VENV
@@ -121,16 +119,9 @@ def llama_command(server: Path, gguf: Path, port: int, work: Workload, threads: 
 def serve_llama(server: Path, gguf: Path, work: Workload, threads: int = 2) -> Iterator[tuple[str, int, Path]]:
     """llama-server on ``gguf``; yields (url, pid, log) once ``/health`` answers 200 (the model loaded)."""
     port = free_port()
-    log = LOGS / f"llama-{gguf.stem}-t{threads}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(llama_command(server, gguf, port, work, threads), env=server_env(), cwd=str(ROOT),
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(url, "/health", proc, log)
-        yield url, proc.pid, log
-    finally:
-        stop_process(proc, 60)
+    with server_process(llama_command(server, gguf, port, work, threads), port, "/health",
+                        LOGS / f"llama-{gguf.stem}-t{threads}.log", server_env(), ROOT) as served:
+        yield served
 
 
 def token_check(result: dict[str, Any], work: Workload) -> dict[str, Any]:
