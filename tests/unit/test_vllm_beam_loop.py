@@ -24,10 +24,10 @@ from djl_handlers.engines.base import EngineRequest, StepOutput  # noqa: E402
 from djl_handlers.engines.external.vllm_beam_loop import beam_rule, check_beams  # noqa: E402
 from djl_handlers.engines.external.vllm_beam_rules import (  # noqa: E402
     Ended,
-    TransformersRule,
     VllmRule,
     sequence_outputs,
 )
+from djl_handlers.engines.external.vllm_beam_transformers import TransformersRule  # noqa: E402
 from djl_handlers.engines.hf.beams import BeamSearch, beam_outputs  # noqa: E402
 from djl_handlers.errors import InvalidParameter  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402

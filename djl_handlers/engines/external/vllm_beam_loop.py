@@ -5,7 +5,7 @@ combine, the one-token requests each step makes, and the asynchronous driver (th
 Which rule (:func:`beam_rule`):
 
 - ``early_stopping`` given (``true``, ``false`` or ``"never"``): transformers' rule
-  (:class:`~djl_handlers.engines.external.vllm_beam_rules.TransformersRule`), what
+  (:class:`~djl_handlers.engines.external.vllm_beam_transformers.TransformersRule`), what
   ``generate(num_beams=..., length_penalty=..., early_stopping=...)`` returns; settled tokens stream;
 - otherwise vLLM's own rule: vLLM's loop itself in async mode (``vllm_beams``), its re-implementation
   (:class:`~djl_handlers.engines.external.vllm_beam_rules.VllmRule`) in sync mode, so that one request
@@ -34,7 +34,6 @@ from djl_handlers.engines.base import EngineRequest, StepOutput
 from djl_handlers.engines.external.vllm_beam_rules import (
     BeamRule,
     Tops,
-    TransformersRule,
     VllmRule,
     error_outputs,
 )
@@ -100,7 +99,9 @@ def beam_rule(request: EngineRequest, *, eos_ids: Collection[int], eos_token_id:
     p = request.params
     ids = [request.request_id, *request.sample_ids]
     if wants_transformers_rule(p):
-        from djl_handlers.engines.hf.beams import BeamSearch  # torch: imported with the first beam request
+        # torch: imported with the first request of this rule, never with the adapter
+        from djl_handlers.engines.external.vllm_beam_transformers import TransformersRule
+        from djl_handlers.engines.hf.beams import BeamSearch
 
         limit = max(1, min(p.max_new_tokens, max_model_len - len(request.prompt_ids)))
         search = BeamSearch(p.num_beams, limit, () if p.ignore_eos_token else eos_ids,

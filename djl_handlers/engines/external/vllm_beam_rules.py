@@ -9,11 +9,8 @@ feeds each beam's returned top log-probabilities (``{token id: log-prob}``, in v
   outputs of the step (none until something is known) and sets :attr:`BeamRule.done`;
 - :attr:`BeamRule.live`: the request's ids (its own, then its sample ids) not released yet.
 
-:class:`TransformersRule` is transformers' ``generate(num_beams=...)`` rule (``BeamSearch``, shared with
-the HF engine): the candidates it keeps each step are the best ``K = max(2, 1 + len(eos)) x num_beams``
-of every beam's every token, and each of them is in its own beam's top ``K``, so the union of the
-beams' top ``K`` (every other token at ``NEG``) gives the same choice as the full vocabulary. It
-reports settled tokens as they grow (the prefix no later step can change).
+:class:`~djl_handlers.engines.external.vllm_beam_transformers.TransformersRule` is transformers'
+``generate(num_beams=...)`` rule (in its own module, as it steps torch tensors).
 
 :class:`VllmRule` is the rule of vLLM's own loop (``BeamSearchOnlineMixin.beam_search``, vLLM 0.32),
 re-implemented so that the synchronous engine answers what vLLM's loop answers on the asynchronous
@@ -26,23 +23,20 @@ the length and a final eos not, give the ``beam_width`` best. It reports once, a
 sequence as vLLM's ``CompletionOutput`` shows it, through :func:`sequence_outputs` (what the
 asynchronous adapter does with vLLM's own answer).
 
-Pure bookkeeping: no vLLM import (numpy, which vLLM requires, only in :meth:`VllmRule.feed`; torch,
-which it requires too, only in :meth:`TransformersRule.feed`), so importing the adapter pulls neither.
+Pure bookkeeping: no vLLM or torch import (numpy, which vLLM requires, only in :meth:`VllmRule.feed`),
+so importing the adapter pulls neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from djl_handlers.engines.base import StepOutput
 from djl_handlers.engines.external.vllm_outputs import map_finish_reason
 
-if TYPE_CHECKING:
-    from djl_handlers.engines.hf.beams import BeamSearch
-
-__all__ = ["BeamRule", "Ended", "Tops", "TransformersRule", "VllmRule", "error_outputs", "sequence_outputs"]
+__all__ = ["BeamRule", "Ended", "Tops", "VllmRule", "error_outputs", "sequence_outputs"]
 
 Tops = Mapping[int, float]  # one beam's next-token log-probs as vLLM returned them: its top K, by token id
 
@@ -59,39 +53,6 @@ class BeamRule(Protocol):
     def asks(self) -> list[tuple[int, ...]]: ...
 
     def feed(self, tops: Sequence[Tops]) -> list[StepOutput]: ...
-
-
-class TransformersRule:
-    """transformers' rule over vLLM's top log-probs (``BeamSearch``; module docstring)."""
-
-    def __init__(self, search: BeamSearch) -> None:
-        self.search = search
-        self.logprobs = search.keep
-        self.live = search.live
-
-    @property
-    def done(self) -> bool:
-        return self.search.done
-
-    def asks(self) -> list[tuple[int, ...]]:
-        """Beam 0 alone at first (every beam is the prompt; the others start at ``NEG``), then every beam."""
-        if self.search.generated == 0:
-            return [()]
-        return [tokens for tokens, _ in self.search.running]
-
-    def feed(self, tops: Sequence[Tops]) -> list[StepOutput]:
-        """One step on the beams' top log-probs: a ``[num_beams, vocab]`` table at ``NEG`` but for them."""
-        import torch  # here, not at import: the adapter's import stays free of engine libraries
-
-        from djl_handlers.engines.hf.beams import NEG, beam_outputs
-
-        width = 1 + max((max(top) for top in tops if top), default=0)
-        table = torch.full((self.search.num_beams, width), NEG, dtype=torch.float32)
-        for beam, top in enumerate(tops):
-            if top:
-                table[beam, list(top)] = torch.tensor(list(top.values()), dtype=torch.float32)
-        self.search.step(table, table)
-        return beam_outputs(self.search)
 
 
 @dataclass(frozen=True)
