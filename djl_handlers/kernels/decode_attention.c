@@ -294,6 +294,150 @@ static int task_vector(const attn_shape *s, int is_bf16, const void *q, const vo
     }
 }
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* AVX2 path (an x86-64-v3 CPU without AVX-512, or a build capped at that level): the same scheme as
+ * the AVX-512 one with 8 lanes: head dims that are a multiple of 8 up to 256, keys taken 8 at a
+ * time with their 8 dot products summed across lanes together, values in chunks converted to fp32
+ * once for all the query heads of the group. */
+#define KEYS 8
+#define CHUNK 64
+#define MAX_VEC 32
+
+/* Lane j of the result is the sum of the 8 lanes of v[j]. */
+static inline __m256 sum8(const __m256 v[8]) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    /* u0 = [v0..v3 low halves | v0..v3 high halves], u1 the same for v4..v7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+static inline __m256 load8(const void *p, int is_bf16) {
+    if (!is_bf16) return _mm256_loadu_ps((const float *)p);
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline void store8(void *p, int is_bf16, __m256 x) {
+    if (!is_bf16) {
+        _mm256_storeu_ps((float *)p, x);
+        return;
+    }
+    float tmp[8];
+    uint16_t *o = (uint16_t *)p;
+    _mm256_storeu_ps(tmp, x);
+    for (int i = 0; i < 8; i++) o[i] = f32_to_bf16(tmp[i]);
+}
+
+static inline __attribute__((always_inline)) void task_avx2(
+    const attn_shape *s, int is_bf16, const char *q, const char *k, const char *v, int64_t start, char *out,
+    int64_t b, int64_t g, int64_t i, float *scores, float *buf, const int nv) {
+    const int64_t d = (int64_t)nv * 8, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
+    const int64_t esz = is_bf16 ? 2 : 4;
+    const __m256 scale = _mm256_set1_ps(s->scale);
+    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * esz;
+    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * esz;
+    float *rows = buf;                 /* [CHUNK][d] fp32 copies of keys or values */
+    float *zero = buf + CHUNK * d;     /* [d] zeros: the missing keys of a last block */
+    memset(zero, 0, sizeof(float) * d);
+    /* scores = q . k * scale, 8 keys at a time */
+    for (int64_t t0 = 0; t0 < n; t0 += KEYS) {
+        const int m = (int)(n - t0 < KEYS ? n - t0 : KEYS);
+        const float *kr[KEYS];
+        for (int j = 0; j < KEYS; j++) {
+            if (j >= m) {
+                kr[j] = zero;
+            } else if (is_bf16) {
+                const char *src = kb + (t0 + j) * s->k_col * esz;
+                for (int c = 0; c < nv; c++) _mm256_storeu_ps(rows + j * d + 8 * c, load8(src + 16 * c, 1));
+                kr[j] = rows + j * d;
+            } else {
+                kr[j] = (const float *)(kb + (t0 + j) * s->k_col * esz);
+            }
+            if (j < m) { /* the key's value is read right after the scores: start fetching it now */
+                const char *vj = vb + (t0 + j) * s->v_col * esz;
+                for (int64_t byte = 0; byte < d * esz; byte += 64) _mm_prefetch(vj + byte, _MM_HINT_T0);
+            }
+        }
+        for (int64_t r = 0; r < rep; r++) {
+            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * esz;
+            __m256 qv[MAX_VEC];
+            for (int c = 0; c < nv; c++) qv[c] = load8(qr + 8 * c * esz, is_bf16);
+            __m256 acc[KEYS];
+            for (int j = 0; j < KEYS; j++) {
+                __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr[j]));
+                for (int c = 1; c < nv; c++) a = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr[j] + 8 * c), a);
+                acc[j] = a;
+            }
+            float dots[KEYS];
+            _mm256_storeu_ps(dots, _mm256_mul_ps(sum8(acc), scale));
+            memcpy(scores + r * n + t0, dots, sizeof(float) * (size_t)m);
+        }
+    }
+    /* softmax numerators and sums */
+    float sum[MAX_REP];
+    for (int64_t r = 0; r < rep; r++) {
+        float *sr = scores + r * n;
+        float mx = sr[0];
+        for (int64_t t = 1; t < n; t++) mx = sr[t] > mx ? sr[t] : mx;
+        float total = 0.f;
+        for (int64_t t = 0; t < n; t++) {
+            sr[t] = expf(sr[t] - mx);
+            total += sr[t];
+        }
+        sum[r] = total;
+    }
+    /* out = p . V / sum, values in chunks converted once for all query heads */
+    __m256 acc[MAX_REP][MAX_VEC];
+    for (int64_t r = 0; r < rep; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t t0 = 0; t0 < n; t0 += CHUNK) {
+        const int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
+        const float *vr = rows;
+        int64_t stride = d;
+        if (is_bf16) {
+            for (int64_t j = 0; j < m; j++) {
+                const char *src = vb + (t0 + j) * s->v_col * esz;
+                for (int c = 0; c < nv; c++) _mm256_storeu_ps(rows + j * d + 8 * c, load8(src + 16 * c, 1));
+            }
+        } else {
+            vr = (const float *)(vb + t0 * s->v_col * esz);
+            stride = s->v_col;
+        }
+        for (int64_t r = 0; r < rep; r++) {
+            __m256 a[MAX_VEC];
+            for (int c = 0; c < nv; c++) a[c] = acc[r][c];
+            const float *p = scores + r * n + t0;
+            for (int64_t j = 0; j < m; j++) {
+                const __m256 pj = _mm256_set1_ps(p[j]);
+                for (int c = 0; c < nv; c++) a[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + j * stride + 8 * c), a[c]);
+            }
+            for (int c = 0; c < nv; c++) acc[r][c] = a[c];
+        }
+    }
+    for (int64_t r = 0; r < rep; r++) {
+        const __m256 inv = _mm256_set1_ps(1.f / sum[r]);
+        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * esz;
+        for (int c = 0; c < nv; c++) store8(o + 8 * c * esz, is_bf16, _mm256_mul_ps(acc[r][c], inv));
+    }
+}
+
+/* Specialised copies (the head dim fixed at compile time keeps the accumulators in registers). */
+static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
+                       int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
+    switch (s->dim) {
+    case 64: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 8); return 1;
+    case 128: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 16); return 1;
+    case 32: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 4); return 1;
+    case 80: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 10); return 1;
+    case 96: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 12); return 1;
+    case 256: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 32); return 1;
+    default: return 0;
+    }
+}
+#define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
 #else
 static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
                        int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {

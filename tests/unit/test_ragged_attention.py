@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -613,3 +614,32 @@ def test_a_non_causal_layer_goes_to_sdpa(monkeypatch: pytest.MonkeyPatch) -> Non
     assert calls == [3, 3]
     out, _ = ragged_attention.ragged_attention(object(), query, key, value, None)  # causal by default
     assert out is not None and out.shape == (1, 3, 4, 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. every code path of the kernel: the AVX2 one and the portable C one, whatever this CPU is
+
+KERNEL_TESTS = ("test_kernel_equals_sdpa_with_the_padding_mask", "test_kernel_over_rows_and_widths",
+                "test_kernel_property", "test_padding_is_never_read", "test_the_thread_count_does_not_change_the_bits",
+                "test_a_row_gets_the_same_bits_alone_and_in_any_batch",
+                "test_prompt_attention_is_causal_over_each_rows_tokens",
+                "test_a_prompt_gets_the_same_bits_alone_and_padded_in_a_group")
+
+
+@needs_kernel
+@pytest.mark.skipif(os.environ.get("DJL_HANDLERS_KERNEL_MARCH") is not None, reason="already a capped build")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64 ISA levels")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])
+def test_the_kernel_tests_pass_built_for_each_x86_level(tmp_path: Path, march: str) -> None:
+    """The kernel has an AVX-512, an AVX2 (x86-64-v3) and a portable C path; a CPU runs only its own
+    natively, so the kernel tests run again on a library built for each lower level (the build
+    flags, not the CPU, choose the path)."""
+    env = dict(os.environ, DJL_HANDLERS_KERNEL_MARCH=march, DJL_HANDLERS_KERNEL_DIR=str(tmp_path / "kernels"))
+    nodes = [f"{__file__}::{name}" for name in KERNEL_TESTS]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *nodes],
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
+                          timeout=600)
+    tail = done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0 and " passed" in done.stdout, tail
+    built = [p.name for p in (tmp_path / "kernels").glob("decode_attention-*.so")]
+    assert built, "the kernel was not built at " + march + ": " + tail
