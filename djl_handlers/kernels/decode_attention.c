@@ -153,7 +153,8 @@ static void task_bf16(const attn_shape *s, const uint16_t *q, const uint16_t *k,
 }
 
 
-#if defined(__AVX512F__)
+/* DJL_PLAIN_C: the plain C path whatever the target (benchmarks/attention_paths.py compares them) */
+#if !defined(DJL_PLAIN_C) && defined(__AVX512F__)
 #include <immintrin.h>
 
 /* AVX-512 path (built with -march=native on a CPU that has it): head dims that are a multiple of
@@ -294,7 +295,7 @@ static int task_vector(const attn_shape *s, int is_bf16, const void *q, const vo
     }
 }
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif !defined(DJL_PLAIN_C) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 /* AVX2 path (an x86-64-v3 CPU without AVX-512, or a build capped at that level): the same scheme as
