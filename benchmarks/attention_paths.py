@@ -13,7 +13,7 @@ switched between them:
 2. the engine: the embedded SmolLM2-135M in the HF engine with its served CPU patches, 32 prompts
    of 256 random tokens, 128 new tokens each, all queued at once (the shape of the llama.cpp and
    vLLM comparisons' workload, without HTTP); total tokens per second, the path alternating run by
-   run, each run a fresh engine on the same model object.
+   run, each run a fresh engine on the same model object, after one uncounted warm-up run.
 
     python -m benchmarks.attention_paths [--rounds 2] [--dtype fp32] [--quick]
 """
@@ -112,6 +112,7 @@ def engine_runs(fns: dict[str, Any], dtype: Any, rounds: int, prompts: int, new_
 
     tok_s: dict[str, list[float]] = {path: [] for path in fns}
     texts: dict[str, list[list[int]]] = {}
+    run(fns["vector"])  # warm-up, not counted: the first engine of a process is slower (allocations)
     for r in range(rounds):
         for path in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
             seconds, texts[path] = run(fns[path])
