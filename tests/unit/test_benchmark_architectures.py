@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.architectures import _patch_lines, summary, tree_pss
+import pytest
+
+import benchmarks.architectures as architectures
+from benchmarks.architectures import MemoryWatch, _patch_lines, summary, tree_pss, tree_rss
 from benchmarks.vllm_client import vllm_arguments
 
 
@@ -41,6 +45,24 @@ def test_patch_lines_are_read_back_from_the_server_log(tmp_path: Path) -> None:
 def test_tree_pss_counts_this_process() -> None:
     assert tree_pss(os.getpid()) > 10 * 2**20
     assert tree_pss(2**22 + 12345) == 0  # no such process
+    assert tree_rss(os.getpid()) >= tree_pss(os.getpid()) // 2 > 0  # shared pages count whole in RSS
+    assert tree_rss(2**22 + 12345) == 0
+
+
+def test_the_watch_walks_page_tables_only_when_the_resident_size_reaches_a_new_high(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = iter([100, 101, 150, 150, 149, 200] + [200] * 1000)  # resident bytes, one per sample
+    walks: list[int] = []
+    monkeypatch.setattr(architectures, "tree_rss", lambda pid: next(sizes))
+    monkeypatch.setattr(architectures, "tree_pss", lambda pid: walks.append(pid) or 10 * len(walks))
+    watch = MemoryWatch(4321, every=0.001)
+    deadline = time.monotonic() + 10
+    while watch.walks < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    watch.stop()
+    assert watch.walks == 3  # at 100, 150 and 200: not at 101 (under 2 % more) nor at 150 again
+    assert watch.reset() == 40  # one more walk at reset, the largest PSS seen
 
 
 def test_the_client_asks_for_fixed_lengths_greedy_and_ignore_eos(tmp_path: Path) -> None:
