@@ -295,6 +295,7 @@ static int task_vector(const attn_shape *s, int is_bf16, const void *q, const vo
     }
 }
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
+#define VECTOR_PATH "avx512"
 #elif !defined(DJL_PLAIN_C) && defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -439,6 +440,7 @@ static int task_vector(const attn_shape *s, int is_bf16, const void *q, const vo
     }
 }
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
+#define VECTOR_PATH "avx2"
 #else
 static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
                        int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
@@ -448,7 +450,11 @@ static int task_vector(const attn_shape *s, int is_bf16, const void *q, const vo
     return 0;
 }
 #define VECTOR_BUF(d) ((size_t)1)
+#define VECTOR_PATH "plain C"
 #endif
+
+/* Which path this build takes for head dims of 32, 64, 80, 96, 128 and 256 (others: plain C). */
+const char *djl_decode_attention_path(void) { return VECTOR_PATH; }
 
 /* Query chunk of one task: a prefill's queries are split so that both threads get work. */
 #define QUERY_CHUNK 16

@@ -59,6 +59,18 @@ def unavailable_reason() -> str | None:
     return None if available() else build.error(NAME) or "not built"
 
 
+def path() -> str | None:
+    """The code path this build of the kernel takes (``avx512``, ``avx2`` or ``plain C``: chosen by
+    the build's target, ``-march=native`` or ``DJL_HANDLERS_KERNEL_MARCH``), or None when the kernel
+    is unavailable."""
+    lib = build.load(NAME) if available() else None
+    if lib is None:
+        return None
+    fn = lib.djl_decode_attention_path
+    fn.argtypes, fn.restype = [], ctypes.c_char_p
+    return str(fn().decode())
+
+
 def decode_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor, scale: float
 ) -> torch.Tensor | None:

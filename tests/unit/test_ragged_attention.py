@@ -643,3 +643,26 @@ def test_the_kernel_tests_pass_built_for_each_x86_level(tmp_path: Path, march: s
     assert done.returncode == 0 and " passed" in done.stdout, tail
     built = [p.name for p in (tmp_path / "kernels").glob("decode_attention-*.so")]
     assert built, "the kernel was not built at " + march + ": " + tail
+    code = "from djl_handlers.kernels.decode_attention import path; print(path())"
+    said = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert said.stdout.strip() == {"x86-64-v3": "avx2", "x86-64-v2": "plain C"}[march], said.stderr[-2000:]
+
+
+@needs_kernel
+def test_the_path_is_named_in_check_and_in_the_load_report(tiny_model: Any) -> None:
+    from djl_handlers.cli import _cpu
+    from djl_handlers.engines.hf.cpu.isa import features
+    from djl_handlers.engines.hf.cpu.patches import use_ragged_attention
+
+    named = kernel.path()
+    level = features().isa
+    marched = os.environ.get("DJL_HANDLERS_KERNEL_MARCH")
+    if marched is None and os.uname().machine == "x86_64":  # built for this CPU: its best path
+        assert named == ("avx2" if level == "avx2" else "plain C" if level == "baseline" else "avx512")
+    assert named in ("avx512", "avx2", "plain C")
+    assert _cpu({"engine": "huggingface", "device": "cpu"})["cpu"]["attentionKernel"] == named
+    model, _ = tiny_model
+    try:
+        assert use_ragged_attention(model, required=False).endswith(f"(ragged kernel, {named} path)")
+    finally:
+        disable(model)

@@ -175,10 +175,10 @@ def _attention(model: Any, options: HuggingFaceOptions) -> str:
 def use_ragged_attention(model: Any, required: bool) -> str:
     """Switch a CPU model on SDPA to the ragged decode attention (``option.cpu_attention``) and
     say what happened; when its kernel cannot be built, raise if ``required``, else keep SDPA."""
-    from djl_handlers.kernels.decode_attention import unavailable_reason
+    from djl_handlers.kernels.decode_attention import path, unavailable_reason
 
     if ragged_attention.enable(model):
-        return "applied: attention over each row's real tokens (ragged kernel)"
+        return f"applied: attention over each row's real tokens (ragged kernel, {path()} path)"
     why = unavailable_reason()
     if why is None:  # built, but the model does not use SDPA (eager, flash, ...): its choice stands
         return FELL_BACK + f"the model uses {model.config._attn_implementation!r} attention, not sdpa; kept"
