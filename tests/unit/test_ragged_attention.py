@@ -93,7 +93,7 @@ def _check(rows: int, heads: int, kv_heads: int, width: int, dim: int, dtype: An
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (6, 2), (12, 4), (8, 2), (3, 1), (16, 1)])
-@pytest.mark.parametrize("dim", [64, 128, 80])
+@pytest.mark.parametrize("dim", [64, 128, 80, 32, 256])
 def test_kernel_equals_sdpa_with_the_padding_mask(dtype: Any, heads: int, kv_heads: int, dim: int) -> None:
     _check(5, heads, kv_heads, 19, dim, dtype)
 
