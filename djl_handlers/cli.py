@@ -198,9 +198,10 @@ def _cpu(serving_config: Any) -> dict[str, Any]:
 
     cpu = features().describe()
     cpu["kernelFlags"] = " ".join(flag_sets()[0])
-    from djl_handlers.kernels.decode_attention import path, unavailable_reason
+    from djl_handlers.kernels import decode_attention
 
-    cpu["attentionKernel"] = path() or f"unavailable ({unavailable_reason()}): torch's SDPA"
+    cpu["attentionKernel"] = decode_attention.path() or (
+        f"unavailable ({decode_attention.unavailable_reason()}): torch's SDPA")
     hf = serving_config.get("hf")
     if isinstance(hf, dict) and hf.get("quantize") == "dynamic_int8":
         from djl_handlers.engines.hf.cpu.int8 import unavailable_reason

@@ -63,12 +63,12 @@ def path() -> str | None:
     """The code path this build of the kernel takes (``avx512``, ``avx2`` or ``plain C``: chosen by
     the build's target, ``-march=native`` or ``DJL_HANDLERS_KERNEL_MARCH``), or None when the kernel
     is unavailable."""
-    lib = build.load(NAME) if available() else None
+    lib = build.load(NAME)
     if lib is None:
         return None
     fn = lib.djl_decode_attention_path
     fn.argtypes, fn.restype = [], ctypes.c_char_p
-    return str(fn().decode())
+    return fn().decode()
 
 
 def decode_attention(
