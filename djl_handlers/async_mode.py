@@ -136,6 +136,13 @@ class AsyncMode:
                 if extra:
                     record = dict(record)
                     record[ENGINE_STATS_PROPERTY] = json.dumps(extra, separators=(",", ":"))
+                if record.get("last") and record.get("data") and "code" not in record:
+                    # DJL's HTTP writer can miss a last chunk that arrives while it checks for more
+                    # (its ChunkedBytesSupplier race: docs/djl-serving.md), losing a one-chunk
+                    # answer or a stream's closing line: the data travels in a chunk of its own,
+                    # the end in an empty one, which is all such a miss can lose
+                    yield record_output(like, {"data": record["data"], "last": False}, content_type)
+                    record = {**record, "data": ""}
                 yield record_output(like, record, content_type)
         except Exception as exc:  # noqa: BLE001 - the engine failed this request: its last record
             LOG.exception("async request failed")

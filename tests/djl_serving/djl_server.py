@@ -341,6 +341,15 @@ class DjlServer:
             settings[match.group(1)] = match.group(2)
         return settings
 
+    def async_replies(self) -> int:
+        """How many requests DJL's async mode has finished: its ``AsyncRequestManager`` logs
+        ``Request [id] completed`` when the worker's last record for a request arrives. A client that
+        timed out although this count went up met DJL's lost-reply race (docs/djl-serving.md)."""
+        if self.log_path is None or not self.log_path.exists():
+            return 0
+        text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        return sum(1 for line in text.splitlines() if "AsyncRequestManager Request [" in line and "] completed" in line)
+
     def alive(self) -> bool:
         """True while the JVM runs."""
         return self._proc is not None and self._proc.poll() is None

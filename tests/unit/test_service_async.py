@@ -63,7 +63,9 @@ def test_async_answers_equal_the_rolling_batch_byte_for_byte(payload: dict[str, 
     assert answer.headers["Content-Type"] == content_type
 
 
-def test_streaming_request_gets_one_reply_per_token() -> None:
+def test_streaming_request_gets_one_reply_per_token_and_an_empty_last_one() -> None:
+    """Each token in a record of its own; the closing line too, then an empty last record, so that
+    DJL's writer, which can miss a last chunk, can lose nothing (docs/djl-serving.md)."""
     async def main() -> AsyncAnswer:
         client, service, _ = await _started()
         answer = await client.request({"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 4}})
@@ -71,8 +73,39 @@ def test_streaming_request_gets_one_reply_per_token() -> None:
         return answer
 
     answer = asyncio.run(main())
-    assert len(answer.records) == 4
+    assert len(answer.records) == 5
+    assert [r["last"].lower() for r in answer.records] == ["false"] * 4 + ["true"]
+    assert answer.records[-1]["data"] == "" and all(r["data"] for r in answer.records[:4])
     assert [json.loads(x)["token"]["text"] for x in answer.text.splitlines()] == list(REPLY[:4])
+
+
+@pytest.mark.parametrize("payload", [
+    {"inputs": "hi", "parameters": {"max_new_tokens": 3}},
+    {"inputs": "hi", "parameters": {"max_new_tokens": 3, "details": True}},
+])
+def test_a_one_chunk_answer_travels_as_data_then_an_empty_last_record(payload: dict[str, Any]) -> None:
+    async def main() -> AsyncAnswer:
+        client, service, _ = await _started()
+        answer = await client.request(payload)
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answer
+
+    answer = asyncio.run(main())
+    assert [(r["data"] != "", r["last"].lower()) for r in answer.records] == [(True, "false"), (False, "true")]
+    assert json.loads(answer.text)["generated_text"] == REPLY[:3]
+
+
+def test_a_refusal_stays_one_last_record_with_its_code() -> None:
+    """DJL's front end reads a ``code`` only from a last record: a refusal cannot be split."""
+    async def main() -> AsyncAnswer:
+        client, service, _ = await _started()
+        answer = await client.request({"inputs": "hi", "parameters": {"max_new_tokens": -1}})
+        service.async_mode.close()  # type: ignore[union-attr]
+        return answer
+
+    answer = asyncio.run(main())
+    assert len(answer.records) == 1 and answer.records[0]["last"].lower() == "true"
+    assert answer.code == 400 and "max_new_tokens" in (answer.error or "")
 
 
 def test_concurrent_requests_share_the_batch_and_a_bad_one_gets_400_naming_the_field() -> None:
