@@ -83,6 +83,14 @@ def main(model_dir: str, out_path: str) -> None:
         "run_s": round(run_s, 2),
     }
     Path(f"{out_path}.{rank}").write_text(json.dumps(result))
+    # leave together and tear the process group down before the interpreter does: a rank exiting with
+    # gloo's threads still live while the other is mid-call once aborted ("terminate called without
+    # an active exception") on a loaded machine
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
