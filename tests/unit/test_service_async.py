@@ -27,6 +27,19 @@ async def _started(**options: str) -> tuple[AsyncModeClient, InferenceService, F
     return client, service, engine
 
 
+def _answer_alone(payload: dict[str, Any]) -> AsyncAnswer:
+    """Async mode's whole answer to ``payload``, the only request of a fresh service."""
+    async def main() -> AsyncAnswer:
+        client, service, _ = await _started()
+        try:
+            return await client.request(payload)
+        finally:
+            assert service.async_mode is not None
+            service.async_mode.close()
+
+    return asyncio.run(main())
+
+
 def _sync_text(payload: dict[str, Any]) -> tuple[str, str]:
     """The rolling batch's answer to ``payload`` (body, content type)."""
     engine = FakeEngine()
@@ -48,15 +61,7 @@ PAYLOADS = [
 
 @pytest.mark.parametrize("payload", PAYLOADS, ids=["json-details", "jsonlines", "jsonlines-details", "stop"])
 def test_async_answers_equal_the_rolling_batch_byte_for_byte(payload: dict[str, Any]) -> None:
-    async def main() -> AsyncAnswer:
-        client, service, _ = await _started()
-        try:
-            return await client.request(payload)
-        finally:
-            assert service.async_mode is not None
-            service.async_mode.close()
-
-    answer = asyncio.run(main())
+    answer = _answer_alone(payload)
     text, content_type = _sync_text(payload)
     assert answer.code == 200
     assert answer.text == text
@@ -66,13 +71,7 @@ def test_async_answers_equal_the_rolling_batch_byte_for_byte(payload: dict[str, 
 def test_streaming_request_gets_one_reply_per_token_and_an_empty_last_one() -> None:
     """Each token in a record of its own; the closing line too, then an empty last record, so that
     DJL's writer, which can miss a last chunk, can lose nothing (docs/djl-serving.md)."""
-    async def main() -> AsyncAnswer:
-        client, service, _ = await _started()
-        answer = await client.request({"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 4}})
-        service.async_mode.close()  # type: ignore[union-attr]
-        return answer
-
-    answer = asyncio.run(main())
+    answer = _answer_alone({"inputs": "hi", "stream": True, "parameters": {"max_new_tokens": 4}})
     assert len(answer.records) == 5
     assert [r["last"].lower() for r in answer.records] == ["false"] * 4 + ["true"]
     assert answer.records[-1]["data"] == "" and all(r["data"] for r in answer.records[:4])
@@ -84,26 +83,14 @@ def test_streaming_request_gets_one_reply_per_token_and_an_empty_last_one() -> N
     {"inputs": "hi", "parameters": {"max_new_tokens": 3, "details": True}},
 ])
 def test_a_one_chunk_answer_travels_as_data_then_an_empty_last_record(payload: dict[str, Any]) -> None:
-    async def main() -> AsyncAnswer:
-        client, service, _ = await _started()
-        answer = await client.request(payload)
-        service.async_mode.close()  # type: ignore[union-attr]
-        return answer
-
-    answer = asyncio.run(main())
+    answer = _answer_alone(payload)
     assert [(r["data"] != "", r["last"].lower()) for r in answer.records] == [(True, "false"), (False, "true")]
     assert json.loads(answer.text)["generated_text"] == REPLY[:3]
 
 
 def test_a_refusal_stays_one_last_record_with_its_code() -> None:
     """DJL's front end reads a ``code`` only from a last record: a refusal cannot be split."""
-    async def main() -> AsyncAnswer:
-        client, service, _ = await _started()
-        answer = await client.request({"inputs": "hi", "parameters": {"max_new_tokens": -1}})
-        service.async_mode.close()  # type: ignore[union-attr]
-        return answer
-
-    answer = asyncio.run(main())
+    answer = _answer_alone({"inputs": "hi", "parameters": {"max_new_tokens": -1}})
     assert len(answer.records) == 1 and answer.records[0]["last"].lower() == "true"
     assert answer.code == 400 and "max_new_tokens" in (answer.error or "")
 
