@@ -59,7 +59,10 @@ def greedy(embedded_dir: Path) -> dict[str, tuple[list[int], str]]:  # noqa: F81
     return greedy_texts(embedded_dir, PROMPTS, NEW_TOKENS)
 
 
-@pytest.fixture(params=list(SETUPS))
+# 0.34's sync rolling batch with three ranks is a `full` test: the default run proves three ranks
+# through DJL (0.36, async) and the sync rolling batch with three ranks through `djl-handlers serve`
+# (tests/vllm_cpu/test_vllm_cpu_parallel.py), each start costing one to two minutes here.
+@pytest.fixture(params=[pytest.param(v, marks=pytest.mark.full) if v == "0.34" else v for v in SETUPS])
 def server(request: pytest.FixtureRequest, tmp_path: Path, embedded_dir: Path) -> Iterator[DjlServer]:  # noqa: F811
     version = request.param
     reason = djl_skip_reason(version) or (None if VLLM_PYTHON.is_file() else

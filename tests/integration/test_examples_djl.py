@@ -154,6 +154,18 @@ def djl_ready(embedded_dir: Path) -> Iterator[None]:  # noqa: F811 - the embedde
 
 @pytest.mark.parametrize("name", list(EXAMPLE_CHECKS))
 def test_example_on_djl(djl_ready: None, tmp_path: Path, name: str) -> None:
+    """Each example as written; vLLM's runs with ``enforce_eager=true`` added (its compiled graph is
+    ``test_vllm_example_compiled_on_djl``, a ``full`` test: 4 minutes of inductor on 2 cores)."""
+    _serve_example(tmp_path, name, eager=True)
+
+
+@pytest.mark.full
+def test_vllm_example_compiled_on_djl(djl_ready: None, tmp_path: Path) -> None:
+    """The vLLM example unchanged (``enforce_eager=false``): vLLM compiles the model at start."""
+    _serve_example(tmp_path, "vllm", eager=False)
+
+
+def _serve_example(tmp_path: Path, name: str, eager: bool) -> None:
     reason = _skip_reason(name)
     if reason:
         pytest.skip(reason)
@@ -161,11 +173,14 @@ def test_example_on_djl(djl_ready: None, tmp_path: Path, name: str) -> None:
     python = str(VLLM_PYTHON) if name == "vllm" else None
     if name == "vllm":  # vLLM's CPU build wants this share of the machine's RAM free (a GPU figure in the example)
         props = model_dir / "serving.properties"
-        props.write_text(props.read_text(encoding="utf-8").replace(
+        text = props.read_text(encoding="utf-8").replace(
             "option.gpu_memory_utilization=0.9", "option.gpu_memory_utilization=0.3")
-            # the example compiles the model (enforce_eager=false): on 2 loaded CPU cores the init call once
-            # outlasted DJL's default 240 s model_loading_timeout
-            + "option.model_loading_timeout=900\n", encoding="utf-8")
+        if eager:
+            assert "option.enforce_eager=false" in text
+            text = text.replace("option.enforce_eager=false", "option.enforce_eager=true")
+        # compiling the model: on 2 loaded CPU cores the init call once outlasted DJL's default 240 s
+        # model_loading_timeout
+        props.write_text(text + "option.model_loading_timeout=900\n", encoding="utf-8")
     with DjlServer(model_dir, python=python, startup_timeout=960 if name == "vllm" else 300) as server:
         try:
             EXAMPLE_CHECKS[name](server)

@@ -116,7 +116,9 @@ def _rank_cores(log: str) -> dict[int, str]:
     return {int(rank): cores for rank, cores in re.findall(r"local_rank=(\d+), core ids=(\[[\d, ]*\])", log)}
 
 
-@pytest.mark.parametrize("mode", ["rolling", "async"])
+# async mode with three ranks is a `full` test here: the default run proves it through DJL's front end
+# (tests/integration/test_djl_vllm_parallel.py, 0.36), each start costing one to two minutes.
+@pytest.mark.parametrize("mode", ["rolling", pytest.param("async", marks=pytest.mark.full)])
 def test_tensor_parallel_3_on_the_embedded_model_through_serve(
         mode: str, tmp_path: Path, embedded_dir: Path,  # noqa: F811
         embedded_greedy: dict[str, tuple[list[int], str]]) -> None:
