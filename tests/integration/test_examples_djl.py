@@ -178,8 +178,8 @@ def _serve_example(tmp_path: Path, name: str, eager: bool) -> None:
         if eager:
             assert "option.enforce_eager=false" in text
             text = text.replace("option.enforce_eager=false", "option.enforce_eager=true")
-        # compiling the model: on 2 loaded CPU cores the init call once outlasted DJL's default 240 s
-        # model_loading_timeout
+        # on 2 loaded CPU cores the compiling init call once outlasted DJL's default 240 s
+        # model_loading_timeout (the eager one takes about a minute)
         props.write_text(text + "option.model_loading_timeout=900\n", encoding="utf-8")
     with DjlServer(model_dir, python=python, startup_timeout=960 if name == "vllm" else 300) as server:
         try:

@@ -42,18 +42,14 @@ def _fp32_decided_prefix(model_dir: Path) -> list[int]:
     return decided
 
 
-def _native_level() -> str:
-    from djl_handlers.engines.hf.cpu.isa import cpu_flags, isa_level
-
-    return isa_level(platform.machine(), cpu_flags()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_bf16_serves_fp32s_decided_tokens_on_every_isa_level(tmp_path: Path, embedded_dir: Path, isa: str) -> None:
     if isa == "avx2" and platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86-64 ISA levels")
-    if isa == "native" and _native_level() == "avx2":
+    from djl_handlers.engines.hf.cpu.isa import features
+
+    if isa == "native" and features().isa == "avx2":
         pytest.skip("this CPU's own level is the AVX2 level: the [avx2] case serves on it")
     model = tmp_path / "bf16"
     model.mkdir()
