@@ -2,6 +2,8 @@
 (SmolLM2-135M-Instruct), at two precision classes:
 
 - ``fp32``: ours in fp32 against llama-server on an F32 GGUF of the same weights;
+- ``fp32-kv16``: the same, ours with ``option.kv_cache_dtype=float16``: the KV cache llama-server keeps
+  by default (F16) under the same fp32 weights;
 - ``int8``: ours with ``option.quantize=dynamic_int8`` against llama-server on a Q8_0 GGUF.
 
 ``scripts/setup_llama_cpp.sh`` builds llama-server from the llama-cpp-python sdist's vendored llama.cpp
@@ -86,7 +88,9 @@ class Precision:
     options: tuple[tuple[str, str], ...] = ()
 
 
-PRECISIONS = {"fp32": Precision("fp32", "f32"), "int8": Precision("int8", "q8_0", (("quantize", "dynamic_int8"),))}
+PRECISIONS = {"fp32": Precision("fp32", "f32"),
+              "fp32-kv16": Precision("fp32-kv16", "f32", (("kv_cache_dtype", "float16"),)),
+              "int8": Precision("int8", "q8_0", (("quantize", "dynamic_int8"),))}
 
 
 def find_llama(home: Path = HOME) -> tuple[Path, Path]:

@@ -33,6 +33,10 @@ CPU_ATTENTION: tuple[str, ...] = ("auto", "ragged", "sdpa")
 CPU_FUSED: tuple[str, ...] = ("fused", "torch")  # option.cpu_norm and option.cpu_rotary
 CPU_THREADS: tuple[str, ...] = ("adaptive", "fixed")
 DECODE_GRAPHS: tuple[str, ...] = ("auto", "cuda_graphs", "compile", "static", "off")
+# ``option.kv_cache_dtype`` in vLLM's names (and the short ones ``option.dtype`` takes): the KV cache's
+# element type; "auto" is the model's dtype (engines/hf/kv_dtype.py says where a 16-bit one applies)
+KV_CACHE_DTYPES: dict[str, str] = {"auto": "auto", "float16": "float16", "fp16": "float16",
+                                   "bfloat16": "bfloat16", "bf16": "bfloat16"}
 # Size suffixes of ``option.kv_cache_memory_bytes``, as vLLM's ``--kv-cache-memory-bytes`` reads them:
 # lower case decimal (1k = 1000), upper case binary (1K = 1024).
 _SIZE_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -59,6 +63,8 @@ class HuggingFaceOptions:
     # KV-cache bound in bytes (vLLM's ``kv_cache_memory_bytes``): None: auto (half the memory free after
     # loading); 0: no bound. A request waits until its worst case fits (engines/hf/kv_budget.py).
     kv_cache_memory_bytes: int | None = None
+    # the KV cache's element type (vLLM's ``kv_cache_dtype``): "auto" (the model's), "float16" or "bfloat16"
+    kv_cache_dtype: str = "auto"
     # option.speculative_config (vLLM's JSON, method "ngram" only): prompt-lookup speculation, None: off
     # (engines/hf/speculative.py)
     speculative: NgramOptions | None = None
@@ -111,6 +117,22 @@ def _kv_bytes(r: Reader) -> int | None:
     return value
 
 
+def _kv_dtype(r: Reader) -> str:
+    """``option.kv_cache_dtype``: ``auto``, ``float16``/``fp16`` or ``bfloat16``/``bf16`` (vLLM's fp8
+    kinds are refused by name: this engine keeps no scales)."""
+    found = r.get("kv_cache_dtype")
+    if found is None:
+        return "auto"
+    word = found[1].strip().lower()
+    if word.startswith("fp8"):
+        raise ConfigError(f"{found[0]}={found[1]!r}: the transformers engine keeps its KV cache in 16 or 32 bits "
+                          "(auto, float16, bfloat16); fp8 KV caches are vLLM's (option.rolling_batch=vllm)",
+                          field=found[0])
+    if word not in KV_CACHE_DTYPES:
+        raise r.fail(*found, "auto, float16 (fp16) or bfloat16 (bf16)")
+    return KV_CACHE_DTYPES[word]
+
+
 def _capture_sizes(r: Reader) -> tuple[int, ...] | None:
     """``option.cudagraph_capture_sizes``: row counts, comma-separated (``1,2,4,8``; brackets allowed,
     as vLLM's list is written), each at least 1; None when unset."""
@@ -135,6 +157,7 @@ def read_hf_options(r: Reader, loading: bool = True) -> HuggingFaceOptions:
         prefix_cache_memory_bytes=r.integer("prefix_cache_memory_bytes", defaults.prefix_cache_memory_bytes, 0)
         or 0,
         kv_cache_memory_bytes=_kv_bytes(r),
+        kv_cache_dtype=_kv_dtype(r),
         speculative=read_ngram(r),
         cpu_linear=r.choice("cpu_linear", defaults.cpu_linear, CPU_LINEAR),
         cpu_fuse_projections=r.boolean("cpu_fuse_projections", defaults.cpu_fuse_projections),

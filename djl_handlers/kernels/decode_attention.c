@@ -8,6 +8,13 @@
  * in fp32, and writes out[b, i, head, :] (contiguous [rows, queries, heads, head_dim]). A query's
  * result depends only on its own row's tokens, never on the other rows or the padding.
  *
+ * Element kinds (q_kind for the query and the output, kv_kind for the keys and values): 0 = fp32,
+ * 1 = bf16, 2 = fp16; the arithmetic is fp32 throughout. Supported pairs (query/out, key/value):
+ * fp32/fp32, bf16/bf16, and fp32/bf16 or fp32/fp16 (a 16-bit KV cache under fp32 weights: the
+ * key/value reads of a step are half the bytes). The vector paths read fp32 keys and values in place
+ * and convert 16-bit ones to fp32 rows first (bf16 by a shift, fp16 with F16C / AVX-512 F); the
+ * plain C path converts fp16 by bit manipulation (subnormals, inf and NaN included), no _Float16.
+ *
  * Built at first use by djl_handlers/kernels/build.py (gcc -O3 -march=native -ffast-math
  * -fopenmp, linked without -ffast-math); called through ctypes with data pointers and element
  * strides.
@@ -35,6 +42,39 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* fp16 -> fp32, exact for every input (portable C, no _Float16). */
+static inline float f16_to_f32(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t u;
+    if (exp == 0x1fu) {
+        u = man ? 0x7fc00000u | (man << 13) : 0x7f800000u; /* NaN (made quiet, as F16C does), inf */
+    } else if (exp) {
+        u = ((exp + 112u) << 23) | (man << 13);             /* normal: exponent bias 15 -> 127 */
+    } else if (man) {                                       /* subnormal: man * 2^-24 */
+        const float f = (float)man;                         /* exact and normalised (man < 1024) */
+        memcpy(&u, &f, sizeof u);
+        u -= 24u << 23;                                     /* times 2^-24: stays a normal fp32 */
+    } else {
+        u = 0;
+    }
+    u |= sign;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Element kinds: q_kind (query and output), kv_kind (keys and values). */
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 };
+
+static inline int64_t kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
+
+/* Element i of an array of `kind` as fp32. */
+static inline float load_elem(const void *p, int kind, int64_t i) {
+    if (kind == KIND_F32) return ((const float *)p)[i];
+    if (kind == KIND_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    return f16_to_f32(((const uint16_t *)p)[i]);
+}
+
 typedef struct {
     int64_t rows, heads, kv_heads, dim, width;
     int64_t q_row, q_head;            /* query [rows, heads, queries, dim] strides (elements) */
@@ -45,21 +85,32 @@ typedef struct {
     int threads;
 } attn_shape;
 
-/* One task: row b, kv head g, fp32 storage. */
-static void task_f32(const attn_shape *s, const float *q, const float *k, const float *v,
-                     int64_t start, float *out, int64_t b, int64_t g, int64_t i, float *scores) {
+/* One task of the plain C path: row b, kv head g, query i. The kinds are constants at each call
+ * (the function is inlined into one copy per supported pair): fp32 keys and values are read in
+ * place, 16-bit ones converted to an fp32 row first. */
+static inline __attribute__((always_inline)) void task_plain(
+    const attn_shape *s, const int q_kind, const int kv_kind, const char *q, const char *k, const char *v,
+    int64_t start, char *out, int64_t b, int64_t g, int64_t i, float *scores) {
     const int64_t d = s->dim, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
+    const int64_t qsz = kind_size(q_kind), kvsz = kind_size(kv_kind);
     float qs[MAX_REP][MAX_DIM];
     float acc[MAX_REP][MAX_DIM];
-    float mx[MAX_REP], sum[MAX_REP];
+    float sum[MAX_REP];
+    float row[MAX_DIM];
     for (int64_t r = 0; r < rep; r++) {
-        const float *qr = q + b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok;
-        for (int64_t i = 0; i < d; i++) qs[r][i] = qr[i] * s->scale;
+        const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * qsz;
+        for (int64_t i = 0; i < d; i++) qs[r][i] = load_elem(qr, q_kind, i) * s->scale;
     }
-    const float *kb = k + b * s->k_row + g * s->k_head + start * s->k_col;
-    const float *vb = v + b * s->v_row + g * s->v_head + start * s->v_col;
+    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * kvsz;
+    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * kvsz;
     for (int64_t t = 0; t < n; t++) {
-        const float *kt = kb + t * s->k_col;
+        const char *src = kb + t * s->k_col * kvsz;
+        const float *kt = (const float *)src;
+        if (kv_kind != KIND_F32) {
+#pragma omp simd
+            for (int64_t i = 0; i < d; i++) row[i] = load_elem(src, kv_kind, i);
+            kt = row;
+        }
         for (int64_t r = 0; r < rep; r++) {
             float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
@@ -77,12 +128,17 @@ static void task_f32(const attn_shape *s, const float *q, const float *k, const 
             sr[t] = expf(sr[t] - m);
             total += sr[t];
         }
-        mx[r] = m;
         sum[r] = total;
         memset(acc[r], 0, sizeof(float) * d);
     }
     for (int64_t t = 0; t < n; t++) {
-        const float *vt = vb + t * s->v_col;
+        const char *src = vb + t * s->v_col * kvsz;
+        const float *vt = (const float *)src;
+        if (kv_kind != KIND_F32) {
+#pragma omp simd
+            for (int64_t i = 0; i < d; i++) row[i] = load_elem(src, kv_kind, i);
+            vt = row;
+        }
         for (int64_t r = 0; r < rep; r++) {
             const float p = scores[r * n + t];
 #pragma omp simd
@@ -90,66 +146,27 @@ static void task_f32(const attn_shape *s, const float *q, const float *k, const 
         }
     }
     for (int64_t r = 0; r < rep; r++) {
-        float *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d;
+        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * qsz;
         const float inv = 1.f / sum[r];
-        for (int64_t i = 0; i < d; i++) o[i] = acc[r][i] * inv;
+        if (q_kind == KIND_F32) {
+            for (int64_t i = 0; i < d; i++) ((float *)o)[i] = acc[r][i] * inv;
+        } else {
+            for (int64_t i = 0; i < d; i++) ((uint16_t *)o)[i] = f32_to_bf16(acc[r][i] * inv);
+        }
     }
-    (void)mx;
 }
 
-/* One task, bf16 storage (fp32 arithmetic). */
-static void task_bf16(const attn_shape *s, const uint16_t *q, const uint16_t *k, const uint16_t *v,
-                      int64_t start, uint16_t *out, int64_t b, int64_t g, int64_t i, float *scores) {
-    const int64_t d = s->dim, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
-    float qs[MAX_REP][MAX_DIM];
-    float acc[MAX_REP][MAX_DIM];
-    float sum[MAX_REP];
-    float row[MAX_DIM];
-    for (int64_t r = 0; r < rep; r++) {
-        const uint16_t *qr = q + b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok;
-        for (int64_t i = 0; i < d; i++) qs[r][i] = bf16_to_f32(qr[i]) * s->scale;
-    }
-    const uint16_t *kb = k + b * s->k_row + g * s->k_head + start * s->k_col;
-    const uint16_t *vb = v + b * s->v_row + g * s->v_head + start * s->v_col;
-    for (int64_t t = 0; t < n; t++) {
-        const uint16_t *kt = kb + t * s->k_col;
-#pragma omp simd
-        for (int64_t i = 0; i < d; i++) row[i] = bf16_to_f32(kt[i]);
-        for (int64_t r = 0; r < rep; r++) {
-            float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < d; i++) dot += qs[r][i] * row[i];
-            scores[r * n + t] = dot;
-        }
-    }
-    for (int64_t r = 0; r < rep; r++) {
-        float *sr = scores + r * n;
-        float m = sr[0];
-        for (int64_t t = 1; t < n; t++) m = sr[t] > m ? sr[t] : m;
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t < n; t++) {
-            sr[t] = expf(sr[t] - m);
-            total += sr[t];
-        }
-        sum[r] = total;
-        memset(acc[r], 0, sizeof(float) * d);
-    }
-    for (int64_t t = 0; t < n; t++) {
-        const uint16_t *vt = vb + t * s->v_col;
-#pragma omp simd
-        for (int64_t i = 0; i < d; i++) row[i] = bf16_to_f32(vt[i]);
-        for (int64_t r = 0; r < rep; r++) {
-            const float p = scores[r * n + t];
-#pragma omp simd
-            for (int64_t i = 0; i < d; i++) acc[r][i] += p * row[i];
-        }
-    }
-    for (int64_t r = 0; r < rep; r++) {
-        uint16_t *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d;
-        const float inv = 1.f / sum[r];
-        for (int64_t i = 0; i < d; i++) o[i] = f32_to_bf16(acc[r][i] * inv);
-    }
+/* The plain C path for a supported (q_kind, kv_kind) pair: one specialised copy each. */
+static void task_c(const attn_shape *s, int q_kind, int kv_kind, const void *q, const void *k, const void *v,
+                   int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores) {
+    if (q_kind == KIND_BF16)
+        task_plain(s, KIND_BF16, KIND_BF16, q, k, v, start, out, b, g, i, scores);
+    else if (kv_kind == KIND_BF16)
+        task_plain(s, KIND_F32, KIND_BF16, q, k, v, start, out, b, g, i, scores);
+    else if (kv_kind == KIND_F16)
+        task_plain(s, KIND_F32, KIND_F16, q, k, v, start, out, b, g, i, scores);
+    else
+        task_plain(s, KIND_F32, KIND_F32, q, k, v, start, out, b, g, i, scores);
 }
 
 
@@ -160,7 +177,8 @@ static void task_bf16(const attn_shape *s, const uint16_t *q, const uint16_t *k,
 /* AVX-512 path (built with -march=native on a CPU that has it): head dims that are a multiple of
  * 16 up to 256. Keys are taken 16 at a time; the 16 dot products of one query are summed across
  * lanes together (one transposed reduction instead of 16 horizontal ones). Values are taken in
- * chunks converted to fp32 once for all the query heads of the group. */
+ * chunks, 16-bit ones converted to fp32 once for all the query heads of the group (fp32 ones read
+ * in place). */
 #define KEYS 16
 #define CHUNK 64
 
@@ -177,14 +195,16 @@ static inline __m512 sum16(const __m512 v[16]) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xDD));
 }
 
-static inline __m512 load_f32(const void *p, int is_bf16) {
-    if (!is_bf16) return _mm512_loadu_ps((const float *)p);
+/* 16 elements of `kind` at p as fp32. */
+static inline __m512 load_f32(const void *p, int kind) {
+    if (kind == KIND_F32) return _mm512_loadu_ps((const float *)p);
+    if (kind == KIND_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-static inline void store_out(void *p, int is_bf16, __m512 x) {
-    if (!is_bf16) {
+static inline void store_out(void *p, int q_kind, __m512 x) {
+    if (q_kind == KIND_F32) {
         _mm512_storeu_ps((float *)p, x);
         return;
     }
@@ -195,13 +215,13 @@ static inline void store_out(void *p, int is_bf16, __m512 x) {
 }
 
 static inline __attribute__((always_inline)) void task_avx512(
-    const attn_shape *s, int is_bf16, const char *q, const char *k, const char *v, int64_t start, char *out,
-    int64_t b, int64_t g, int64_t i, float *scores, float *buf, const int nv) {
+    const attn_shape *s, int q_kind, int kv_kind, const char *q, const char *k, const char *v, int64_t start,
+    char *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf, const int nv) {
     const int64_t d = (int64_t)nv * 16, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
-    const int64_t esz = is_bf16 ? 2 : 4;
+    const int64_t qsz = kind_size(q_kind), kvsz = kind_size(kv_kind);
     const __m512 scale = _mm512_set1_ps(s->scale);
-    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * esz;
-    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * esz;
+    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * kvsz;
+    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * kvsz;
     float *rows = buf;                 /* [CHUNK][d] fp32 copies of keys or values */
     float *zero = buf + CHUNK * d;     /* [d] zeros: the missing keys of a last block */
     memset(zero, 0, sizeof(float) * d);
@@ -212,18 +232,19 @@ static inline __attribute__((always_inline)) void task_avx512(
         for (int j = 0; j < KEYS; j++) {
             if (j >= m) {
                 kr[j] = zero;
-            } else if (is_bf16) {
-                const char *src = kb + (t0 + j) * s->k_col * esz;
-                for (int c = 0; c < nv; c++) _mm512_storeu_ps(rows + j * d + 16 * c, load_f32(src + 32 * c, 1));
+            } else if (kv_kind != KIND_F32) {
+                const char *src = kb + (t0 + j) * s->k_col * kvsz;
+                for (int c = 0; c < nv; c++)
+                    _mm512_storeu_ps(rows + j * d + 16 * c, load_f32(src + 32 * c, kv_kind));
                 kr[j] = rows + j * d;
             } else {
-                kr[j] = (const float *)(kb + (t0 + j) * s->k_col * esz);
+                kr[j] = (const float *)(kb + (t0 + j) * s->k_col * kvsz);
             }
         }
         for (int64_t r = 0; r < rep; r++) {
-            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * esz;
+            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * qsz;
             __m512 qv[16];
-            for (int c = 0; c < nv; c++) qv[c] = load_f32(qr + 16 * c * esz, is_bf16);
+            for (int c = 0; c < nv; c++) qv[c] = load_f32(qr + 16 * c * qsz, q_kind);
             __m512 acc[KEYS];
             for (int j = 0; j < KEYS; j++) {
                 __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr[j]));
@@ -254,13 +275,14 @@ static inline __attribute__((always_inline)) void task_avx512(
         const int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
         const float *vr = rows;
         int64_t stride = d;
-        if (is_bf16) {
+        if (kv_kind != KIND_F32) {
             for (int64_t j = 0; j < m; j++) {
-                const char *src = vb + (t0 + j) * s->v_col * esz;
-                for (int c = 0; c < nv; c++) _mm512_storeu_ps(rows + j * d + 16 * c, load_f32(src + 32 * c, 1));
+                const char *src = vb + (t0 + j) * s->v_col * kvsz;
+                for (int c = 0; c < nv; c++)
+                    _mm512_storeu_ps(rows + j * d + 16 * c, load_f32(src + 32 * c, kv_kind));
             }
         } else {
-            vr = (const float *)(vb + t0 * s->v_col * esz);
+            vr = (const float *)(vb + t0 * s->v_col * kvsz);
             stride = s->v_col;
         }
         for (int64_t r = 0; r < rep; r++) {
@@ -276,21 +298,21 @@ static inline __attribute__((always_inline)) void task_avx512(
     }
     for (int64_t r = 0; r < rep; r++) {
         const __m512 inv = _mm512_set1_ps(1.f / sum[r]);
-        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * esz;
-        for (int c = 0; c < nv; c++) store_out(o + 16 * c * esz, is_bf16, _mm512_mul_ps(acc[r][c], inv));
+        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * qsz;
+        for (int c = 0; c < nv; c++) store_out(o + 16 * c * qsz, q_kind, _mm512_mul_ps(acc[r][c], inv));
     }
 }
 
 /* Specialised copies (the head dim fixed at compile time keeps the accumulators in registers). */
-static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
+static int task_vector(const attn_shape *s, int q_kind, int kv_kind, const void *q, const void *k, const void *v,
                        int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
     switch (s->dim) {
-    case 64: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 4); return 1;
-    case 128: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 8); return 1;
-    case 32: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 2); return 1;
-    case 80: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 5); return 1;
-    case 96: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 6); return 1;
-    case 256: task_avx512(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 16); return 1;
+    case 64: task_avx512(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 4); return 1;
+    case 128: task_avx512(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 8); return 1;
+    case 32: task_avx512(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 2); return 1;
+    case 80: task_avx512(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 5); return 1;
+    case 96: task_avx512(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 6); return 1;
+    case 256: task_avx512(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 16); return 1;
     default: return 0;
     }
 }
@@ -301,8 +323,10 @@ static int task_vector(const attn_shape *s, int is_bf16, const void *q, const vo
 
 /* AVX2 path (an x86-64-v3 CPU without AVX-512, or a build capped at that level): the same scheme as
  * the AVX-512 one with 8 lanes: head dims that are a multiple of 8 up to 256, keys taken 8 at a
- * time with their 8 dot products summed across lanes together, values in chunks converted to fp32
- * once for all the query heads of the group. */
+ * time with their 8 dot products summed across lanes together, values in chunks (16-bit ones
+ * converted to fp32 once for all the query heads of the group, fp32 ones read in place). fp16 keys
+ * and values need F16C (every x86 level with AVX2 has it); a build without it leaves them to the
+ * plain C path. */
 #define KEYS 8
 #define CHUNK 64
 #define MAX_VEC 32
@@ -316,14 +340,18 @@ static inline __m256 sum8(const __m256 v[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-static inline __m256 load8(const void *p, int is_bf16) {
-    if (!is_bf16) return _mm256_loadu_ps((const float *)p);
+/* 8 elements of `kind` at p as fp32. */
+static inline __m256 load8(const void *p, int kind) {
+    if (kind == KIND_F32) return _mm256_loadu_ps((const float *)p);
+#ifdef __F16C__
+    if (kind == KIND_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
     __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 
-static inline void store8(void *p, int is_bf16, __m256 x) {
-    if (!is_bf16) {
+static inline void store8(void *p, int q_kind, __m256 x) {
+    if (q_kind == KIND_F32) {
         _mm256_storeu_ps((float *)p, x);
         return;
     }
@@ -334,13 +362,13 @@ static inline void store8(void *p, int is_bf16, __m256 x) {
 }
 
 static inline __attribute__((always_inline)) void task_avx2(
-    const attn_shape *s, int is_bf16, const char *q, const char *k, const char *v, int64_t start, char *out,
-    int64_t b, int64_t g, int64_t i, float *scores, float *buf, const int nv) {
+    const attn_shape *s, int q_kind, int kv_kind, const char *q, const char *k, const char *v, int64_t start,
+    char *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf, const int nv) {
     const int64_t d = (int64_t)nv * 8, rep = s->heads / s->kv_heads, n = s->width - s->queries + i + 1 - start;
-    const int64_t esz = is_bf16 ? 2 : 4;
+    const int64_t qsz = kind_size(q_kind), kvsz = kind_size(kv_kind);
     const __m256 scale = _mm256_set1_ps(s->scale);
-    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * esz;
-    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * esz;
+    const char *kb = k + (b * s->k_row + g * s->k_head + start * s->k_col) * kvsz;
+    const char *vb = v + (b * s->v_row + g * s->v_head + start * s->v_col) * kvsz;
     float *rows = buf;                 /* [CHUNK][d] fp32 copies of keys or values */
     float *zero = buf + CHUNK * d;     /* [d] zeros: the missing keys of a last block */
     memset(zero, 0, sizeof(float) * d);
@@ -351,22 +379,22 @@ static inline __attribute__((always_inline)) void task_avx2(
         for (int j = 0; j < KEYS; j++) {
             if (j >= m) {
                 kr[j] = zero;
-            } else if (is_bf16) {
-                const char *src = kb + (t0 + j) * s->k_col * esz;
-                for (int c = 0; c < nv; c++) _mm256_storeu_ps(rows + j * d + 8 * c, load8(src + 16 * c, 1));
+            } else if (kv_kind != KIND_F32) {
+                const char *src = kb + (t0 + j) * s->k_col * kvsz;
+                for (int c = 0; c < nv; c++) _mm256_storeu_ps(rows + j * d + 8 * c, load8(src + 16 * c, kv_kind));
                 kr[j] = rows + j * d;
             } else {
-                kr[j] = (const float *)(kb + (t0 + j) * s->k_col * esz);
+                kr[j] = (const float *)(kb + (t0 + j) * s->k_col * kvsz);
             }
             if (j < m) { /* the key's value is read right after the scores: start fetching it now */
-                const char *vj = vb + (t0 + j) * s->v_col * esz;
-                for (int64_t byte = 0; byte < d * esz; byte += 64) _mm_prefetch(vj + byte, _MM_HINT_T0);
+                const char *vj = vb + (t0 + j) * s->v_col * kvsz;
+                for (int64_t byte = 0; byte < d * kvsz; byte += 64) _mm_prefetch(vj + byte, _MM_HINT_T0);
             }
         }
         for (int64_t r = 0; r < rep; r++) {
-            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * esz;
+            const char *qr = q + (b * s->q_row + (g * rep + r) * s->q_head + i * s->q_tok) * qsz;
             __m256 qv[MAX_VEC];
-            for (int c = 0; c < nv; c++) qv[c] = load8(qr + 8 * c * esz, is_bf16);
+            for (int c = 0; c < nv; c++) qv[c] = load8(qr + 8 * c * qsz, q_kind);
             __m256 acc[KEYS];
             for (int j = 0; j < KEYS; j++) {
                 __m256 a = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr[j]));
@@ -399,13 +427,13 @@ static inline __attribute__((always_inline)) void task_avx2(
         const int64_t m = n - t0 < CHUNK ? n - t0 : CHUNK;
         const float *vr = rows;
         int64_t stride = d;
-        if (is_bf16) {
+        if (kv_kind != KIND_F32) {
             for (int64_t j = 0; j < m; j++) {
-                const char *src = vb + (t0 + j) * s->v_col * esz;
-                for (int c = 0; c < nv; c++) _mm256_storeu_ps(rows + j * d + 8 * c, load8(src + 16 * c, 1));
+                const char *src = vb + (t0 + j) * s->v_col * kvsz;
+                for (int c = 0; c < nv; c++) _mm256_storeu_ps(rows + j * d + 8 * c, load8(src + 16 * c, kv_kind));
             }
         } else {
-            vr = (const float *)(vb + t0 * s->v_col * esz);
+            vr = (const float *)(vb + t0 * s->v_col * kvsz);
             stride = s->v_col;
         }
         for (int64_t r = 0; r < rep; r++) {
@@ -421,30 +449,33 @@ static inline __attribute__((always_inline)) void task_avx2(
     }
     for (int64_t r = 0; r < rep; r++) {
         const __m256 inv = _mm256_set1_ps(1.f / sum[r]);
-        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * esz;
-        for (int c = 0; c < nv; c++) store8(o + 8 * c * esz, is_bf16, _mm256_mul_ps(acc[r][c], inv));
+        char *o = out + ((b * s->queries + i) * s->heads + g * rep + r) * d * qsz;
+        for (int c = 0; c < nv; c++) store8(o + 8 * c * qsz, q_kind, _mm256_mul_ps(acc[r][c], inv));
     }
 }
 
 /* Specialised copies (the head dim fixed at compile time keeps the accumulators in registers). */
-static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
+static int task_vector(const attn_shape *s, int q_kind, int kv_kind, const void *q, const void *k, const void *v,
                        int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
+#ifndef __F16C__
+    if (kv_kind == KIND_F16) return 0; /* no fp16 conversion instructions: the plain C path */
+#endif
     switch (s->dim) {
-    case 64: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 8); return 1;
-    case 128: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 16); return 1;
-    case 32: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 4); return 1;
-    case 80: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 10); return 1;
-    case 96: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 12); return 1;
-    case 256: task_avx2(s, is_bf16, q, k, v, start, out, b, g, i, scores, buf, 32); return 1;
+    case 64: task_avx2(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 8); return 1;
+    case 128: task_avx2(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 16); return 1;
+    case 32: task_avx2(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 4); return 1;
+    case 80: task_avx2(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 10); return 1;
+    case 96: task_avx2(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 12); return 1;
+    case 256: task_avx2(s, q_kind, kv_kind, q, k, v, start, out, b, g, i, scores, buf, 32); return 1;
     default: return 0;
     }
 }
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
 #define VECTOR_PATH "avx2"
 #else
-static int task_vector(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
+static int task_vector(const attn_shape *s, int q_kind, int kv_kind, const void *q, const void *k, const void *v,
                        int64_t start, void *out, int64_t b, int64_t g, int64_t i, float *scores, float *buf) {
-    (void)s; (void)is_bf16; (void)q; (void)k; (void)v; (void)start; (void)out; (void)b; (void)g; (void)i;
+    (void)s; (void)q_kind; (void)kv_kind; (void)q; (void)k; (void)v; (void)start; (void)out; (void)b; (void)g; (void)i;
     (void)scores;
     (void)buf;
     return 0;
@@ -459,16 +490,21 @@ const char *djl_decode_attention_path(void) { return VECTOR_PATH; }
 /* Query chunk of one task: a prefill's queries are split so that both threads get work. */
 #define QUERY_CHUNK 16
 
-/* Returns 0, or -1 when the shape is outside the kernel's limits (the caller falls back).
+/* Returns 0, or -1 when the shape or the element kinds are outside the kernel's limits (the caller
+ * falls back). q_kind is the query's and the output's element kind, kv_kind the keys' and values'
+ * (0 = fp32, 1 = bf16, 2 = fp16): fp32/fp32, bf16/bf16, fp32/bf16 and fp32/fp16.
  * Query i of row b sits at column width - queries + i and attends to columns [starts[b], that
  * column] (causal); a query left of starts[b] (left padding) gets zeros. */
-int djl_decode_attention(const attn_shape *s, int is_bf16, const void *q, const void *k, const void *v,
-                         const int64_t *starts, void *out) {
+int djl_decode_attention(const attn_shape *s, int q_kind, int kv_kind, const void *q, const void *k,
+                         const void *v, const int64_t *starts, void *out) {
+    const int kinds_ok = q_kind == KIND_F32 ? kv_kind == KIND_F32 || kv_kind == KIND_BF16 || kv_kind == KIND_F16
+                                            : q_kind == KIND_BF16 && kv_kind == KIND_BF16;
+    if (!kinds_ok) return -1;
     if (s->dim > MAX_DIM || s->kv_heads <= 0 || s->heads % s->kv_heads || s->heads / s->kv_heads > MAX_REP)
         return -1;
     if (s->queries < 1 || s->queries > s->width) return -1;
     const int64_t rep = s->heads / s->kv_heads, chunks = (s->queries + QUERY_CHUNK - 1) / QUERY_CHUNK;
-    const int64_t tasks = s->rows * s->kv_heads * chunks, esz = is_bf16 ? 2 : 4;
+    const int64_t tasks = s->rows * s->kv_heads * chunks, esz = kind_size(q_kind);
     for (int64_t b = 0; b < s->rows; b++)
         if (starts[b] < 0 || starts[b] >= s->width) return -1;
     int failed = 0;
@@ -489,12 +525,8 @@ int djl_decode_attention(const attn_shape *s, int is_bf16, const void *q, const 
                     memset(o, 0, (size_t)(rep * s->dim * esz));
                     continue;
                 }
-                if (task_vector(s, is_bf16, q, k, v, starts[b], out, b, g, i, scores, buf))
-                    continue;
-                if (is_bf16)
-                    task_bf16(s, q, k, v, starts[b], out, b, g, i, scores);
-                else
-                    task_f32(s, q, k, v, starts[b], out, b, g, i, scores);
+                if (!task_vector(s, q_kind, kv_kind, q, k, v, starts[b], out, b, g, i, scores, buf))
+                    task_c(s, q_kind, kv_kind, q, k, v, starts[b], out, b, g, i, scores);
             }
         }
         free(scores);

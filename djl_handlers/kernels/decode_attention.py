@@ -5,8 +5,11 @@ decode step, the prompt's tokens for a prefill), causal ``softmax(q·Kᵀ·scale
 columns ``[start[b], own column]`` only: the left padding is never read, grouped-query heads read
 their shared key/value head once, and a query's result does not depend on the other rows or
 queries of the call (the same bits alone or in any batch). :func:`decode_attention` is the
-one-query form. fp32 and bf16 (fp32 arithmetic), CPU tensors whose last dimension is contiguous;
-anything else is refused with ``None`` so callers can fall back to torch.
+one-query form. Arithmetic is fp32; the (query, key/value) dtypes are one of :data:`COMBOS`: fp32
+with an fp32, bf16 or fp16 key/value cache (a 16-bit cache under fp32 weights, as llama.cpp's F16
+KV cache: half the bytes read per step), or bf16 with a bf16 cache; keys and values have the same
+dtype and the output has the query's. CPU tensors whose last dimension is contiguous; anything else
+is refused with ``None`` so callers can fall back to torch.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ import torch
 from djl_handlers.kernels import build
 
 NAME = "decode_attention"
+# The kernel's element kinds (its q_kind / kv_kind arguments).
+KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# Supported (query and output dtype, key and value dtype) pairs.
+COMBOS = frozenset({(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                    (torch.float32, torch.bfloat16), (torch.float32, torch.float16)})
+# The query (and output) dtypes.
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -43,7 +52,7 @@ def library() -> Any:
         if lib is None:
             return None
         fn = lib.djl_decode_attention
-        fn.argtypes = [ctypes.POINTER(_Shape), ctypes.c_int, *([ctypes.c_void_p] * 5)]
+        fn.argtypes = [ctypes.POINTER(_Shape), ctypes.c_int, ctypes.c_int, *([ctypes.c_void_p] * 5)]
         fn.restype = ctypes.c_int
         _fn = fn
     return _fn
@@ -75,8 +84,9 @@ def decode_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor, scale: float
 ) -> torch.Tensor | None:
     """``query`` [B, H, D], ``key``/``value`` [B, H_kv, T, D] (any strides, last one 1), ``starts``
-    [B] int64: row ``b`` attends to columns ``[starts[b], T)``. Returns [B, H, D] contiguous, or
-    None when the inputs are outside what the kernel handles (or it is unavailable)."""
+    [B] int64: row ``b`` attends to columns ``[starts[b], T)``. dtypes as :func:`attention`'s (a
+    :data:`COMBOS` pair). Returns [B, H, D] contiguous in the query's dtype, or None when the inputs
+    are outside what the kernel handles (or it is unavailable)."""
     if query.dim() != 3:
         return None
     out = attention(query.unsqueeze(2), key, value, starts, scale)
@@ -90,8 +100,10 @@ def attention(
     ``key``/``value`` [B, H_kv, T, D] (any strides, last one 1; the queries are columns
     ``T - Q .. T - 1``), ``starts`` [B] int64: row ``b``'s tokens are columns ``[starts[b], T)``.
     Query ``i`` attends to columns ``[starts[b], T - Q + i]``; a query left of ``starts[b]`` (padding)
-    gets zeros. Returns [B, Q, H, D] contiguous (transformers' attention output layout), or None when
-    the inputs are outside what the kernel handles (or it is unavailable)."""
+    gets zeros. dtypes: ``(query.dtype, key.dtype)`` one of :data:`COMBOS` (fp32 query with fp32,
+    bf16 or fp16 keys and values; bf16 with bf16), ``value.dtype == key.dtype``. Returns [B, Q, H, D]
+    contiguous (transformers' attention output layout) in the query's dtype, or None when the inputs
+    are outside what the kernel handles (or it is unavailable)."""
     fn = library()
     if fn is None or not _supported(query, key, value, starts):
         return None
@@ -109,14 +121,16 @@ def attention(
         float(scale), max(1, torch.get_num_threads()),
     )
     starts = starts.contiguous()
-    rc = fn(ctypes.byref(shape), int(query.dtype == torch.bfloat16), query.data_ptr(), key.data_ptr(),
+    rc = fn(ctypes.byref(shape), KINDS[query.dtype], KINDS[key.dtype], query.data_ptr(), key.data_ptr(),
             value.data_ptr(), starts.data_ptr(), out.data_ptr())
     return out if rc == 0 else None
 
 
 def _supported(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, starts: torch.Tensor) -> bool:
     tensors = (query, key, value)
-    if any(t.device.type != "cpu" or t.dtype != query.dtype for t in tensors) or query.dtype not in DTYPES:
+    if any(t.device.type != "cpu" for t in tensors) or value.dtype != key.dtype:
+        return False
+    if (query.dtype, key.dtype) not in COMBOS:
         return False
     if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape or any(t.stride(-1) != 1 for t in tensors):
         return False

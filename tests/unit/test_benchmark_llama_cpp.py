@@ -84,6 +84,15 @@ def test_int8_is_dynamic_int8_against_q8_0() -> None:
     assert PRECISIONS["int8"].gguf_type == "q8_0" and dict(PRECISIONS["int8"].options) == {"quantize": "dynamic_int8"}
 
 
+def test_fp32_kv16_is_our_16_bit_kv_cache_against_the_f32_gguf() -> None:
+    from djl_handlers.config.models import ServingConfig
+
+    kv16 = PRECISIONS["fp32-kv16"]
+    assert kv16.gguf_type == "f32" and dict(kv16.options) == {"kv_cache_dtype": "float16"}
+    props = {"rolling_batch": "scheduler", **dict(kv16.options)}  # a value the server's options take
+    assert ServingConfig.from_properties(props, engine="huggingface").hf.kv_cache_dtype == "float16"
+
+
 def test_find_llama_takes_the_newest_build_and_its_gguf_folder(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="setup_llama_cpp.sh"):
         find_llama(tmp_path)

@@ -624,6 +624,8 @@ KERNEL_TESTS = ("test_kernel_equals_sdpa_with_the_padding_mask", "test_kernel_ov
                 "test_a_row_gets_the_same_bits_alone_and_in_any_batch",
                 "test_prompt_attention_is_causal_over_each_rows_tokens",
                 "test_a_prompt_gets_the_same_bits_alone_and_padded_in_a_group")
+# fp32 queries over a 16-bit (fp16 or bf16) key/value cache: the whole file, on each path too
+KV16_TESTS = Path(__file__).with_name("test_attention_kv16.py")
 
 
 @needs_kernel
@@ -635,7 +637,7 @@ def test_the_kernel_tests_pass_built_for_each_x86_level(tmp_path: Path, march: s
     natively, so the kernel tests run again on a library built for each lower level (the build
     flags, not the CPU, choose the path)."""
     env = dict(os.environ, DJL_HANDLERS_KERNEL_MARCH=march, DJL_HANDLERS_KERNEL_DIR=str(tmp_path / "kernels"))
-    nodes = [f"{__file__}::{name}" for name in KERNEL_TESTS]
+    nodes = [*(f"{__file__}::{name}" for name in KERNEL_TESTS), str(KV16_TESTS)]
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *nodes],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
                           timeout=600)

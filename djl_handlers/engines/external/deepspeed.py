@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from djl_handlers.config.engines import DTYPE_NAMES
 from djl_handlers.engines.external.common import import_engine_library, tensor_parallel_size
 from djl_handlers.engines.hf.engine import HFEngine, step_limits
+from djl_handlers.engines.hf.kv_dtype import resolve_kv_dtype
 from djl_handlers.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -190,5 +191,6 @@ class DeepSpeedEngine(HFEngine):
         model, tokenizer = load_model_and_tokenizer(options)
         wrapped = wrap_model(model, config, ds)
         engine = cls(wrapped.module, tokenizer, **step_limits(config))
+        engine.use_kv_dtype(resolve_kv_dtype(config.hf.kv_cache_dtype, engine.model))
         engine.ds_engine = wrapped
         return engine

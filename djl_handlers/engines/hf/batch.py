@@ -48,8 +48,10 @@ class SlabLayer(DynamicLayer):
     room only from what the bound leaves beside the other slabs and the mirror (:meth:`_fit`).
     """
 
-    def __init__(self, ledger: SlabLedger | None = None, group: SlabGroup | None = None) -> None:
+    def __init__(self, ledger: SlabLedger | None = None, group: SlabGroup | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        self.dtype = dtype  # the slab's element type (option.kv_cache_dtype); None: the model's keys' own
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self._rows = 0
@@ -99,10 +101,12 @@ class SlabLayer(DynamicLayer):
         """Copy ``keys``/``values`` into a fresh slab with room for ``extra`` + ``GROW`` columns (as
         many of them as the ledger's bound leaves)."""
         rows, h, width, d = keys.shape
-        cell = h * d * keys.element_size() + values.shape[1] * values.shape[-1] * values.element_size()
+        dtype = self.dtype or keys.dtype
+        element = torch.empty((), dtype=dtype).element_size()
+        cell = (h * d + values.shape[1] * values.shape[-1]) * element
         _, _, right = self._fit((rows, rows), (0, 0), width, (0, extra + GROW), cell)
-        self._k = keys.new_empty((rows, h, width + right, d))
-        self._v = values.new_empty((rows, h, width + right, values.shape[-1]))
+        self._k = keys.new_empty((rows, h, width + right, d), dtype=dtype)
+        self._v = values.new_empty((rows, h, width + right, values.shape[-1]), dtype=dtype)
         self.capacity_bytes = self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
         self._k[:, :, :width] = keys
         self._v[:, :, :width] = values
@@ -233,11 +237,12 @@ class SlabLayer(DynamicLayer):
         super().reset()
 
 
-def new_slab_cache(config: Any, ledger: SlabLedger | None = None) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose layers are :class:`SlabLayer`, one group in ``ledger``."""
+def new_slab_cache(config: Any, ledger: SlabLedger | None = None, dtype: torch.dtype | None = None) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` whose layers are :class:`SlabLayer`, one group in ``ledger``,
+    storing keys and values in ``dtype`` (None: the dtype the model gives them in)."""
     cache = DynamicCache(config=config)
     group = SlabGroup(len(cache.layers))
-    cache.layers = [SlabLayer(ledger, group) for _ in cache.layers]
+    cache.layers = [SlabLayer(ledger, group, dtype) for _ in cache.layers]
     return cache
 
 

@@ -109,8 +109,9 @@ class _MirrorLayer(DynamicLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys, self.values
         assert keys is not None and values is not None
-        keys.index_copy_(2, self.column, key_states)
-        values.index_copy_(2, self.column, value_states)
+        # a 16-bit KV cache under fp32 weights (option.kv_cache_dtype): stored in the mirror's dtype
+        keys.index_copy_(2, self.column, key_states.to(keys.dtype))
+        values.index_copy_(2, self.column, value_states.to(values.dtype))
         return keys, values
 
 

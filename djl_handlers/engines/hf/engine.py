@@ -78,6 +78,7 @@ from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
 from djl_handlers.engines.hf.decode_graphs import DecodeGraphs, capture_sizes, resolve_mode
 from djl_handlers.engines.hf.forks import check_sample_rows, fan_out, fork_rows
 from djl_handlers.engines.hf.kv_budget import bytes_per_token, footprint, kv_limit
+from djl_handlers.engines.hf.kv_dtype import resolve_kv_dtype
 from djl_handlers.engines.hf.lora import admits_row, attach_lora, require_lora, use_rows
 from djl_handlers.engines.hf.planner import first_ready, starts_chunked, take_group
 from djl_handlers.engines.hf.prefill import forward_capturing, prompt_lps
@@ -147,6 +148,7 @@ class HFEngine:
         self.prefix_cache: PrefixCache | None = None  # option.enable_prefix_caching (engines/hf/prefix_cache.py)
         self.speculator: Speculator | None = None  # option.speculative_config (engines/hf/speculative.py)
         self.cpu_patches: dict[str, str] = {}  # what each CPU kernel patch did to the model (engines/hf/cpu/patches.py)
+        self.kv_dtype: torch.dtype | None = None  # option.kv_cache_dtype: the slabs' type (None: the model's)
         self.kv_bytes_per_token = bytes_per_token(model)
         self.slabs = SlabLedger()  # what the KV slabs allocate, within the bound (engines/hf/slab_ledger.py)
         self.kv_cache_max_bytes = kv_cache_max_bytes  # None: no bound (engines/hf/kv_budget.py)
@@ -201,6 +203,7 @@ class HFEngine:
             engine.media_options = config.media
         if config.hf.max_prefill_tokens is None:
             engine.max_prefill_tokens = default_prefill_tokens(engine.device)
+        engine.use_kv_dtype(resolve_kv_dtype(config.hf.kv_cache_dtype, engine.model))
         engine.kv_cache_max_bytes = kv_limit(config.hf.kv_cache_memory_bytes, engine.device, engine.kv_bytes_per_token)
         return engine
 
@@ -387,6 +390,8 @@ class HFEngine:
     def _kv_facts(self) -> dict[str, Any]:
         """What does not change while serving: bytes per cached token, the bound, the CPU patches."""
         facts: dict[str, Any] = {"kv_bytes_per_token": self.kv_bytes_per_token}
+        if self.kv_dtype is not None:  # option.kv_cache_dtype other than the model's
+            facts["kv_cache_dtype"] = str(self.kv_dtype).removeprefix("torch.")
         if self.kv_cache_max_bytes is not None:
             facts["kv_cache_max_bytes"] = self.kv_cache_max_bytes
         if self.cpu_patches:
@@ -425,8 +430,19 @@ class HFEngine:
                 "use dynamic batching (option.rolling_batch=disable)"
             )
 
+    def use_kv_dtype(self, dtype: torch.dtype | None) -> None:
+        """Store the KV cache in ``dtype`` from now on (None: the model's own; see
+        :mod:`djl_handlers.engines.hf.kv_dtype`, which says where another one applies)."""
+        self.kv_dtype = dtype
+        self.kv_bytes_per_token = bytes_per_token(self.model, dtype)
+
+    def new_cache(self, ledger: SlabLedger | None = None) -> Any:
+        """An empty slab cache of the KV cache's type: within ``ledger`` (the running batch's; None
+        for a ``generate()`` call of the dynamic batch)."""
+        return new_slab_cache(self.model.config, ledger, self.kv_dtype)
+
     def _new_cache(self) -> Any:
-        return new_slab_cache(self.model.config, self.slabs)
+        return self.new_cache(self.slabs)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any,
                  embeds: torch.Tensor | None = None) -> torch.Tensor:

@@ -35,9 +35,9 @@ LOG = logging.getLogger(__name__)
 AUTO_SHARE = 0.5  # ``auto``: this share of the memory free on the model's device after loading
 
 
-def bytes_per_token(model: Any) -> int:
-    """Bytes one cached token takes over every layer: keys and values of each KV head, in the
-    model's dtype (what the slab holds per row and column)."""
+def bytes_per_token(model: Any, dtype: Any = None) -> int:
+    """Bytes one cached token takes over every layer: keys and values of each KV head, in ``dtype``
+    (a ``torch.dtype``; None: the model's), what the slab holds per row and column."""
     from transformers import DynamicCache
 
     config = model.config
@@ -46,7 +46,12 @@ def bytes_per_token(model: Any) -> int:
     kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(text, "head_dim", None) or int(text.hidden_size) // heads)
     layers = len(DynamicCache(config=config).layers)
-    element = next(p for p in model.parameters() if p.is_floating_point()).element_size()
+    if dtype is not None:
+        import torch
+
+        element = torch.empty((), dtype=dtype).element_size()
+    else:
+        element = next(p for p in model.parameters() if p.is_floating_point()).element_size()
     return 2 * layers * kv_heads * head_dim * element
 
 

@@ -80,6 +80,8 @@ def _generate_group(
     seed = kwargs.pop("seed", None)
     if seed is not None:
         torch.manual_seed(int(seed))
+    if getattr(engine, "kv_dtype", None) is not None:  # option.kv_cache_dtype: generate() fills a 16-bit slab
+        kwargs[engine._cache_kw] = engine.new_cache()  # the cache argument's name in this transformers
     out = engine.model.generate(
         input_ids=ids.to(engine.device),
         attention_mask=mask.to(engine.device),

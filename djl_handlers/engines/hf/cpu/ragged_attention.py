@@ -15,7 +15,9 @@ the CPU of a causal layer derives the rows' starts from the boolean mask SDPA wo
 per forward: all layers share the mask object; a prompt's mask is checked to be exactly "padding,
 then causal") and runs the kernel; anything else (other masks, non-causal layers, soft-capping,
 attention sinks, sliding windows, dropout, other devices) goes to transformers' SDPA function
-unchanged. ``generate()`` on the same model object takes the same path.
+unchanged (keys and values of a 16-bit cache under fp32 queries, ``option.kv_cache_dtype``, widened
+to the query's dtype first: the kernel reads them as they are). ``generate()`` on the same model
+object takes the same path.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ def ragged_attention(
             out = attention(query, key, value, starts, scale)
             if out is not None:
                 return out, None
+    if key.dtype != query.dtype:  # a 16-bit cache under fp32 queries (option.kv_cache_dtype): SDPA needs one dtype
+        key, value = key.to(query.dtype), value.to(query.dtype)
     return _sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
