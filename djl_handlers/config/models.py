@@ -75,6 +75,7 @@ class VllmOptions:
     max_loras: int = 4
     max_lora_rank: int = 16
     speculative_config: dict[str, Any] | None = None  # option.speculative_config, to vLLM unchanged
+    kv_cache_dtype: str = "auto"  # option.kv_cache_dtype in vLLM's names (fp16/bf16 written out), vLLM checks it
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,15 @@ def _vllm(r: Reader) -> VllmOptions:
         max_loras=r.integer("max_loras", 4, 1) or 4,
         max_lora_rank=r.integer("max_lora_rank", 16, 1) or 16,
         speculative_config=read_speculative_json(r),
+        kv_cache_dtype=_vllm_kv_dtype(r.text("kv_cache_dtype", "auto") or "auto"),
     )
+
+
+def _vllm_kv_dtype(value: str) -> str:
+    """``option.kv_cache_dtype`` for vLLM: its own names, the short ones ``option.dtype`` takes written out
+    (``fp16`` is ``float16``, ``bf16`` ``bfloat16``); anything else as written, for vLLM to check."""
+    word = value.strip()
+    return {"fp16": "float16", "bf16": "bfloat16"}.get(word.lower(), word)
 
 
 def _trtllm(r: Reader) -> TrtLlmOptions:

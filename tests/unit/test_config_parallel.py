@@ -129,6 +129,14 @@ def test_vllm_keywords(tmp_path: Path) -> None:
                                   "distributed_executor_backend": "mp"}
     kwargs = engine_args_kwargs(vllm_cfg(model_id=str(tmp_path), tensor_parallel_degree="3"))
     assert kwargs["tensor_parallel_size"] == 3 and "pipeline_parallel_size" not in kwargs
+    assert "kv_cache_dtype" not in kwargs  # auto: vLLM's default
+
+
+@pytest.mark.parametrize(("value", "want"), [("fp8", "fp8"), ("fp8_e5m2", "fp8_e5m2"), ("FP16", "float16"),
+                                             ("bf16", "bfloat16"), ("bfloat16", "bfloat16")])
+def test_kv_cache_dtype_goes_to_vllm_in_its_names(tmp_path: Path, value: str, want: str) -> None:
+    kwargs = engine_args_kwargs(vllm_cfg(model_id=str(tmp_path), kv_cache_dtype=value))
+    assert kwargs["kv_cache_dtype"] == want
 
 
 @pytest.mark.parametrize(("ranks", "cpus", "expected"), [

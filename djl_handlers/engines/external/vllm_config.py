@@ -68,6 +68,8 @@ def _vllm_option_kwargs(opts: Any) -> dict[str, Any]:
         kwargs["max_num_batched_tokens"] = int(opts.max_rolling_batch_prefill_tokens)
     if opts.quantize:
         kwargs["quantization"] = opts.quantize
+    if getattr(opts, "kv_cache_dtype", "auto") != "auto":  # vLLM's own values (fp8 kinds included)
+        kwargs["kv_cache_dtype"] = opts.kv_cache_dtype
     if getattr(opts, "speculative_config", None):  # option.speculative_config: vLLM's own JSON object
         kwargs["speculative_config"] = dict(opts.speculative_config)
     if opts.enable_lora:  # config.lora (lora_kwargs) is the same options; kept for option groups built alone
