@@ -316,6 +316,10 @@ static int task_vector(const attn_shape *s, int q_kind, int kv_kind, const void 
     default: return 0;
     }
 }
+/* Widens elements [*i, d) of a 16-bit row to fp32, 16 at a time (the rest is left to the caller). */
+static inline void widen_vector(float *dst, const char *src, int kind, int64_t *i, int64_t d) {
+    for (; *i + 16 <= d; *i += 16) _mm512_storeu_ps(dst + *i, load_f32(src + *i * 2, kind));
+}
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
 #define VECTOR_PATH "avx512"
 #elif !defined(DJL_PLAIN_C) && defined(__AVX2__) && defined(__FMA__)
@@ -470,6 +474,13 @@ static int task_vector(const attn_shape *s, int q_kind, int kv_kind, const void 
     default: return 0;
     }
 }
+/* Widens elements [*i, d) of a 16-bit row to fp32, 8 at a time (the rest is left to the caller). */
+static inline void widen_vector(float *dst, const char *src, int kind, int64_t *i, int64_t d) {
+#ifndef __F16C__
+    if (kind == KIND_F16) return; /* no fp16 conversion instructions: the caller's plain C loop */
+#endif
+    for (; *i + 8 <= d; *i += 8) _mm256_storeu_ps(dst + *i, load8(src + *i * 2, kind));
+}
 #define VECTOR_BUF(d) ((size_t)(CHUNK + 1) * (size_t)(d))
 #define VECTOR_PATH "avx2"
 #else
@@ -480,6 +491,9 @@ static int task_vector(const attn_shape *s, int q_kind, int kv_kind, const void 
     (void)buf;
     return 0;
 }
+static inline void widen_vector(float *dst, const char *src, int kind, int64_t *i, int64_t d) {
+    (void)dst; (void)src; (void)kind; (void)i; (void)d;
+}
 #define VECTOR_BUF(d) ((size_t)1)
 #define VECTOR_PATH "plain C"
 #endif
@@ -489,6 +503,31 @@ const char *djl_decode_attention_path(void) { return VECTOR_PATH; }
 
 /* Query chunk of one task: a prefill's queries are split so that both threads get work. */
 #define QUERY_CHUNK 16
+
+/* One 16-bit key or value row (`kind`) as d fp32 values. */
+static void widen_row(float *dst, const char *src, int kind, int64_t d) {
+    int64_t i = 0;
+    widen_vector(dst, src, kind, &i, d);
+    for (; i < d; i++) dst[i] = load_elem(src, kind, i);
+}
+
+/* A 16-bit cache under fp32 queries, several queries per task (a prefill): the task's keys and values
+ * (columns [start, end) of row b, kv head g) are widened once into `wide` ([2][width][dim] fp32, each
+ * column at its own index), and `local` becomes the shape that reads them there as an fp32 cache.
+ * The fp32 values are those the 16-bit paths compute with, so the results are the same bits; each
+ * query no longer converts every key it reads (a prompt's query chunk reads the same keys 16 times). */
+static void widen_task(const attn_shape *s, int kv_kind, const void *k, const void *v, int64_t b, int64_t g,
+                       int64_t start, int64_t end, float *wide, attn_shape *local) {
+    const int64_t d = s->dim;
+    float *wk = wide, *wv = wide + s->width * d;
+    for (int64_t c = start; c < end; c++) {
+        widen_row(wk + c * d, (const char *)k + (b * s->k_row + g * s->k_head + c * s->k_col) * 2, kv_kind, d);
+        widen_row(wv + c * d, (const char *)v + (b * s->v_row + g * s->v_head + c * s->v_col) * 2, kv_kind, d);
+    }
+    *local = *s;
+    local->k_row = local->k_head = local->v_row = local->v_head = 0;
+    local->k_col = local->v_col = d;
+}
 
 /* Returns 0, or -1 when the shape or the element kinds are outside the kernel's limits (the caller
  * falls back). q_kind is the query's and the output's element kind, kv_kind the keys' and values'
@@ -507,30 +546,45 @@ int djl_decode_attention(const attn_shape *s, int q_kind, int kv_kind, const voi
     const int64_t tasks = s->rows * s->kv_heads * chunks, esz = kind_size(q_kind);
     for (int64_t b = 0; b < s->rows; b++)
         if (starts[b] < 0 || starts[b] >= s->width) return -1;
+    const int widen = q_kind == KIND_F32 && kv_kind != KIND_F32 && s->queries > 1;
     int failed = 0;
 #pragma omp parallel num_threads(s->threads) reduction(| : failed)
     {
         float *scores = malloc(sizeof(float) * (size_t)(rep * s->width));
         float *buf = malloc(sizeof(float) * VECTOR_BUF(s->dim));
-        if (!scores || !buf) failed = 1;
+        float *wide = widen ? malloc(sizeof(float) * 2 * (size_t)(s->width * s->dim)) : NULL;
+        if (!scores || !buf || (widen && !wide)) failed = 1;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
-            if (!scores || !buf) continue; /* every thread still takes part in the loop */
+            if (failed) continue; /* every thread still takes part in the loop */
             const int64_t b = task / (s->kv_heads * chunks), g = (task / chunks) % s->kv_heads;
             const int64_t first = (task % chunks) * QUERY_CHUNK;
             const int64_t last = first + QUERY_CHUNK < s->queries ? first + QUERY_CHUNK : s->queries;
+            const attn_shape *ts = s;
+            const void *tk = k, *tv = v;
+            int tkind = kv_kind;
+            attn_shape local;
+            const int64_t end = s->width - s->queries + last; /* one past the last column the task reads */
+            if (widen && end - starts[b] > 0 && last - first > 1) {
+                widen_task(s, kv_kind, k, v, b, g, starts[b], end, wide, &local);
+                ts = &local;
+                tk = wide;
+                tv = wide + s->width * s->dim;
+                tkind = KIND_F32;
+            }
             for (int64_t i = first; i < last; i++) {
                 if (s->width - s->queries + i < starts[b]) { /* a padding query: nothing to attend to */
                     char *o = (char *)out + ((b * s->queries + i) * s->heads + g * rep) * s->dim * esz;
                     memset(o, 0, (size_t)(rep * s->dim * esz));
                     continue;
                 }
-                if (!task_vector(s, q_kind, kv_kind, q, k, v, starts[b], out, b, g, i, scores, buf))
-                    task_c(s, q_kind, kv_kind, q, k, v, starts[b], out, b, g, i, scores);
+                if (!task_vector(ts, q_kind, tkind, q, tk, tv, starts[b], out, b, g, i, scores, buf))
+                    task_c(ts, q_kind, tkind, q, tk, tv, starts[b], out, b, g, i, scores);
             }
         }
         free(scores);
         free(buf);
+        free(wide);
     }
     return failed ? -2 : 0;
 }

@@ -435,6 +435,10 @@ class HFEngine:
         :mod:`djl_handlers.engines.hf.kv_dtype`, which says where another one applies)."""
         self.kv_dtype = dtype
         self.kv_bytes_per_token = bytes_per_token(self.model, dtype)
+        if dtype is not None:
+            LOG.info("KV cache in %s under the model's %s (option.kv_cache_dtype): %d bytes per token",
+                     str(dtype).removeprefix("torch."), str(self.model.dtype).removeprefix("torch."),
+                     self.kv_bytes_per_token)
 
     def new_cache(self, ledger: SlabLedger | None = None) -> Any:
         """An empty slab cache of the KV cache's type: within ``ledger`` (the running batch's; None
