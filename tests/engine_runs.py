@@ -57,3 +57,24 @@ def greedy_texts(path: Any, prompts: tuple[str, ...] | list[str],
             out[prompt] = (new, tok.decode(new, skip_special_tokens=True))
     del model
     return out
+
+
+# The documented agreement of a lower-precision path with fp32, teacher-forced over fp32's greedy text: the
+# same argmax wherever fp32's two best logits are at least AGREEMENT_GAP apart.
+AGREEMENT_GAP = 0.5
+AGREEMENT_PROMPTS = ("The capital of France is", "Deep learning is", "def fibonacci(n):",
+                     "The three primary colors are", "My favourite book is", "Dear hiring manager,")
+
+
+def decided_agreement(want: Any, got: Any, label: str) -> tuple[int, int]:
+    """Asserts ``got``'s argmax equals ``want``'s (fp32 logits, one row per position) wherever fp32 is
+    decided (:data:`AGREEMENT_GAP`); returns (decided positions, positions whose argmax differs)."""
+    import torch
+
+    want, got = want.float(), got.float()
+    assert bool(torch.isfinite(got).all())
+    top = want.topk(2).values
+    clear = (top[:, 0] - top[:, 1]) >= AGREEMENT_GAP
+    same = want.argmax(-1) == got.argmax(-1)
+    assert bool(same[clear].all()), (label, (top[:, 0] - top[:, 1])[clear & ~same])
+    return int(clear.sum()), int((~same).sum())

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 from conftest_models import embedded_dir  # noqa: F401
 from djl_server_fixture import (  # noqa: F401  (djl_server_fixture registers the fixture)
@@ -26,7 +24,7 @@ from djl_server_fixture import (  # noqa: F401  (djl_server_fixture registers th
     requires_djl,
     requires_djl_036,
 )
-from test_server_harness import ServerProcess
+from test_server_harness import ServerProcess, greedy_replies
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.djl, pytest.mark.slow]
@@ -94,18 +92,7 @@ def reference(embedded_dir: Path) -> Served:  # noqa: F811
 
 def _ask(url: str) -> Served:
     """Both prompts at once; each reply's token ids and text."""
-    def one(prompt: str) -> tuple[list[int], str]:
-        body = {"inputs": prompt, "parameters": {"max_new_tokens": NEW, "do_sample": False, "details": True,
-                                                   "ignore_eos_token": True}}
-        resp = httpx.post(url + "/invocations", json=body, timeout=180)
-        assert resp.status_code == 200, resp.text
-        reply = resp.json()
-        reply = reply[0] if isinstance(reply, list) else reply
-        ids = [int(t["id"][0]) if isinstance(t["id"], list) else int(t["id"]) for t in reply["details"]["tokens"]]
-        return ids, str(reply["generated_text"])
-
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(one, PROMPTS))
+    return greedy_replies(url, PROMPTS, NEW)
 
 
 Serve = Callable[[pytest.FixtureRequest, dict[str, Path], Path], tuple[Served, str]]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ from djl_server_fixture import (  # noqa: F401  (djl_server_fixture registers th
     djl_server_fixture,
     requires_djl_036,
 )
-from test_server_harness import ServerProcess
+from test_server_harness import ServerProcess, greedy_replies
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.slow]
@@ -76,17 +75,7 @@ def reference(tiny_dir: Path) -> tuple[list[list[int]], int]:  # noqa: F811
 
 def _ask(url: str) -> list[list[int]]:
     """Both prompts at once; each reply's token ids."""
-    def one(prompt: str) -> list[int]:
-        body = {"inputs": prompt, "parameters": {"max_new_tokens": NEW, "do_sample": False, "details": True,
-                                                   "ignore_eos_token": True}}
-        resp = httpx.post(url + "/invocations", json=body, timeout=180)
-        assert resp.status_code == 200, resp.text
-        reply = resp.json()
-        reply = reply[0] if isinstance(reply, list) else reply
-        return [int(t["id"][0]) if isinstance(t["id"], list) else int(t["id"]) for t in reply["details"]["tokens"]]
-
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        return list(pool.map(one, PROMPTS))
+    return [ids for ids, _ in greedy_replies(url, PROMPTS, NEW)]
 
 
 def test_djl_handlers_serve_keeps_a_16_bit_cache(model_dirs: dict[str, Path], reference: tuple[list[list[int]], int],

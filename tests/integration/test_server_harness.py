@@ -157,3 +157,22 @@ def module_server(name: str, extra: str = "") -> object:
         server.stop()
 
     return fixture
+
+
+def greedy_replies(url: str, prompts: tuple[str, ...], new: int) -> list[tuple[list[int], str]]:
+    """All ``prompts`` at once to ``/invocations``, greedy, ``new`` tokens each (eos ignored): each reply's
+    token ids (``details``) and generated text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(prompt: str) -> tuple[list[int], str]:
+        body = {"inputs": prompt, "parameters": {"max_new_tokens": new, "do_sample": False, "details": True,
+                                                   "ignore_eos_token": True}}
+        resp = httpx.post(url + "/invocations", json=body, timeout=180)
+        assert resp.status_code == 200, resp.text
+        reply = resp.json()
+        reply = reply[0] if isinstance(reply, list) else reply
+        ids = [int(t["id"][0]) if isinstance(t["id"], list) else int(t["id"]) for t in reply["details"]["tokens"]]
+        return ids, str(reply["generated_text"])
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts))

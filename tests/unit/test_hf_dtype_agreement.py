@@ -4,8 +4,9 @@ in fp32 over the 16-bit weights).
 
 The documented agreement, teacher-forced over fp32's greedy text of the embedded model: the 16-bit
 model's argmax equals fp32's at every position where fp32's two best logits are at least
-:data:`GAP` apart (measured: the positions that differed all had gaps below 0.14). Whole greedy
-sequences can still part where two tokens are nearly tied; benchmarks/cpu_dtypes.py counts those.
+:data:`engine_runs.AGREEMENT_GAP` apart (measured: the positions that differed all had gaps below
+0.14). Whole greedy sequences can still part where two tokens are nearly tied;
+benchmarks/cpu_dtypes.py counts those.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from engine_runs import AGREEMENT_PROMPTS as PROMPTS  # noqa: E402
+from engine_runs import decided_agreement  # noqa: E402
+
 pytest_plugins = ["conftest_models"]
-GAP = 0.5
-PROMPTS = ("The capital of France is", "Deep learning is", "def fibonacci(n):", "The three primary colors are",
-           "My favourite book is", "Dear hiring manager,")
 
 
 @functools.cache
@@ -47,12 +48,8 @@ def test_16_bit_greedy_agrees_with_fp32_where_fp32_is_decided(embedded_dir: Path
             seq = ref.model.generate(torch.tensor([ids]), max_new_tokens=20, min_new_tokens=20, do_sample=False)
             want = ref.model(seq).logits[0, len(ids) - 1:-1].float()
             got = low.model(seq).logits[0, len(ids) - 1:-1].float()
-        assert bool(torch.isfinite(got).all())
-        top = want.topk(2).values
-        clear = (top[:, 0] - top[:, 1]) >= GAP
-        same = want.argmax(-1) == got.argmax(-1)
-        assert bool(same[clear].all()), (text, (top[:, 0] - top[:, 1])[clear & ~same])
-        decided += int(clear.sum())
-        differing += int((~same).sum())
+        clear, differ = decided_agreement(want, got, text)
+        decided += clear
+        differing += differ
     assert decided >= len(PROMPTS) * 20 // 3  # the rule covers a good share of the positions
     assert differing <= len(PROMPTS) * 20 // 10  # and near-ties stay rare

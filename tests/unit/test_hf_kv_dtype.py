@@ -4,8 +4,8 @@ What is checked: the option's values (vLLM's names and the short ones, fp8 refus
 16-bit cache is refused at load (16-bit weights, attention other than the ragged CPU kernel); that the
 slabs really hold 16-bit keys and values and count half the bytes per token; that the served tokens
 agree with fp32's as documented (teacher-forced over fp32's greedy text: the same argmax wherever fp32's
-two best logits are :data:`GAP` apart); that a row's tokens do not depend on its batch; that the
-dynamic batch (``generate()``) fills the same 16-bit cache and gives the rolling batch's tokens; and the
+two best logits are :data:`engine_runs.AGREEMENT_GAP` apart); that a row's tokens do not depend on its
+batch; that the dynamic batch (``generate()``) fills the same 16-bit cache and gives the rolling batch's tokens; and the
 SDPA fallback for masks the kernel does not take.
 """
 
@@ -20,6 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from engine_runs import AGREEMENT_PROMPTS as PROMPTS  # noqa: E402
+from engine_runs import decided_agreement  # noqa: E402
+
 from djl_handlers.config.models import ServingConfig  # noqa: E402
 from djl_handlers.engines.base import EngineRequest  # noqa: E402
 from djl_handlers.engines.hf.engine import HFEngine  # noqa: E402
@@ -27,9 +30,6 @@ from djl_handlers.errors import ConfigError  # noqa: E402
 from djl_handlers.params.generation import GenerationParameters  # noqa: E402
 
 pytest_plugins = ["conftest_models"]
-GAP = 0.5
-PROMPTS = ("The capital of France is", "Deep learning is", "def fibonacci(n):", "The three primary colors are",
-           "My favourite book is", "Dear hiring manager,")
 KINDS = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -129,14 +129,10 @@ def test_16_bit_kv_greedy_agrees_with_fp32_where_fp32_is_decided(embedded_dir: P
             cache = new_slab_cache(model.config, None, KINDS[kind])
             got = model(seq, use_cache=True, **{engine._cache_kw: cache}).logits[0, len(ids) - 1:-1]
             assert cache.layers[0].keys.dtype == KINDS[kind]
-        assert bool(torch.isfinite(got).all())
-        top = want.topk(2).values
-        clear = (top[:, 0] - top[:, 1]) >= GAP
-        same = want.argmax(-1) == got.argmax(-1)
-        assert bool(same[clear].all()), (text, (top[:, 0] - top[:, 1])[clear & ~same])
+        clear, differ = decided_agreement(want, got, text)
         assert not torch.equal(want, got)  # the cache really was 16-bit
-        decided += int(clear.sum())
-        differing += int((~same).sum())
+        decided += clear
+        differing += differ
     assert decided >= len(PROMPTS) * 20 // 3
     assert differing <= len(PROMPTS) * 20 // 10
 
