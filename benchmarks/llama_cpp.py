@@ -4,12 +4,14 @@
 - ``fp32``: ours in fp32 against llama-server on an F32 GGUF of the same weights;
 - ``fp32-kv16``: the same, ours with ``option.kv_cache_dtype=float16``: the KV cache llama-server keeps
   by default (F16) under the same fp32 weights;
+- ``bf16``: ours with ``option.dtype=bf16`` against llama-server on a BF16 GGUF (the 16-bit class; on a
+  CPU without bf16 instructions ours computes the bf16-stored weights in fp32, llama.cpp converts too);
 - ``int8``: ours with ``option.quantize=dynamic_int8`` against llama-server on a Q8_0 GGUF.
 
 ``scripts/setup_llama_cpp.sh`` builds llama-server from the llama-cpp-python sdist's vendored llama.cpp
-(``-DGGML_NATIVE=ON``: for this CPU) and converts the embedded model's fp32 folder to both GGUF files
-with the vendored ``convert_hf_to_gguf.py``; this module finds them under ``$LLAMA_CPP_HOME`` (default
-``~/.cache/djl_handlers/llama.cpp``).
+(``-DGGML_NATIVE=ON``: for this CPU) and converts the embedded model's fp32 folder to GGUF files (F32,
+BF16 and Q8_0) with the vendored ``convert_hf_to_gguf.py``; this module finds them under
+``$LLAMA_CPP_HOME`` (default ``~/.cache/djl_handlers/llama.cpp``).
 
 Per precision class the two servers are up together (never more than two at once): ours with the HF
 engine (``max_rolling_batch_size`` = the concurrency) and llama-server with ``--parallel`` = the
@@ -86,10 +88,12 @@ class Precision:
     name: str
     gguf_type: str
     options: tuple[tuple[str, str], ...] = ()
+    dtype: str = "fp32"  # our option.dtype
 
 
 PRECISIONS = {"fp32": Precision("fp32", "f32"),
               "fp32-kv16": Precision("fp32-kv16", "f32", (("kv_cache_dtype", "float16"),)),
+              "bf16": Precision("bf16", "bf16", dtype="bf16"),
               "int8": Precision("int8", "q8_0", (("quantize", "dynamic_int8"),))}
 
 
@@ -254,12 +258,12 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
     warm: dict[str, dict[str, Any]] = {}
     peaks: dict[str, float | None] = {}
     with contextlib.ExitStack() as stack:
-        servers = {OURS: stack.enter_context(serve_hf(model_dir, "fp32", work, root, f"ours-{precision.name}",
-                                                      precision.options)),
+        servers = {OURS: stack.enter_context(serve_hf(model_dir, precision.dtype, work, root,
+                                                      f"ours-{precision.name}", precision.options)),
                    LLAMA: stack.enter_context(serve_llama(server, gguf, work, llama_threads))}
         if beside is not None:
-            servers[BESIDE] = stack.enter_context(serve_hf(model_dir, "fp32", work, root, f"ours-{beside.name}",
-                                                           beside.options))
+            servers[BESIDE] = stack.enter_context(serve_hf(model_dir, beside.dtype, work, root,
+                                                           f"ours-{beside.name}", beside.options))
         watches = {s: MemoryWatch(pid) for s, (_, pid, _) in servers.items()}
         try:
             for s, (url, _, _) in servers.items():  # every shape once: kernels built, caches grown
@@ -280,7 +284,8 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
                 peaks[s] = rnd(w.reset() / 2**20, 0)
                 w.stop()
         settings = llama_settings(servers[LLAMA][2])
-    report = {"precision": precision.name, "ours_options": dict(precision.options), "gguf": gguf.name,
+    report = {"precision": precision.name, "ours_dtype": precision.dtype, "ours_options": dict(precision.options),
+              "gguf": gguf.name,
               "llama_threads": llama_threads,
               "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs,
               **summary({OURS: runs[OURS], LLAMA: runs[LLAMA]}), "warmup": warm,

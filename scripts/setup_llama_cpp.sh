@@ -8,7 +8,7 @@
 #   2. cmake, the `llama-server` target only, built for this CPU (-DGGML_NATIVE=ON), no libcurl,
 #      under `nice -n 15` with 2 jobs (a few minutes to ~20 on 2 cores);
 #   3. the embedded model's fp32 folder (scripts/setup.sh makes it) converted with the vendored
-#      convert_hf_to_gguf.py to F32 and Q8_0 GGUF files; no weights come from a hub.
+#      convert_hf_to_gguf.py to F32, BF16 and Q8_0 GGUF files; no weights come from a hub.
 #
 # Everything goes to $LLAMA_CPP_HOME (default ~/.cache/djl_handlers/llama.cpp), outside the checkout.
 # Idempotent: a second run only checks. Prints the paths at the end (the benchmark finds them itself).
@@ -48,7 +48,7 @@ fi
 
 MODEL=$("$PY" -c "from djl_handlers.model.embedded import embedded_model_dir; print(embedded_model_dir())")
 mkdir -p "$GGUF_DIR"
-for type in f32 q8_0; do
+for type in f32 bf16 q8_0; do
   out="$GGUF_DIR/smollm2-135m-instruct-$type.gguf"
   if [ ! -s "$out" ]; then
     echo "setup_llama_cpp: converting $MODEL to $type GGUF"

@@ -93,6 +93,16 @@ def test_int8_is_dynamic_int8_against_q8_0() -> None:
     assert PRECISIONS["int8"].gguf_type == "q8_0" and dict(PRECISIONS["int8"].options) == {"quantize": "dynamic_int8"}
 
 
+def test_bf16_is_our_bf16_dtype_against_the_bf16_gguf() -> None:
+    from djl_handlers.config.models import ServingConfig
+
+    bf16 = PRECISIONS["bf16"]
+    assert bf16.gguf_type == "bf16" and bf16.dtype == "bf16" and bf16.options == ()
+    assert {p.dtype for name, p in PRECISIONS.items() if name != "bf16"} == {"fp32"}
+    props = {"rolling_batch": "scheduler", "dtype": bf16.dtype}
+    assert ServingConfig.from_properties(props, engine="huggingface").dtype in ("bf16", "bfloat16")
+
+
 def test_fp32_kv16_is_our_16_bit_kv_cache_against_the_f32_gguf() -> None:
     from djl_handlers.config.models import ServingConfig
 
