@@ -1,5 +1,5 @@
 """The HF engine through ``djl-handlers serve`` against llama.cpp's ``llama-server`` on the embedded model
-(SmolLM2-135M-Instruct), at two precision classes:
+(SmolLM2-135M-Instruct), at three precision classes:
 
 - ``fp32``: ours in fp32 against llama-server on an F32 GGUF of the same weights;
 - ``fp32-kv16``: the same, ours with ``option.kv_cache_dtype=float16``: the KV cache llama-server keeps
