@@ -20,9 +20,9 @@ concurrency, a context of input + output + a margin per slot, continuous batchin
 defaults (an F16 KV cache, flash attention ``auto``). On a 2-core machine that other jobs load, 2
 threads are llama.cpp's worst setting: its threads meet at an OpenMP barrier after every node of the
 graph, so one thread descheduled stalls the other (8 requests: 5.3 tok/s with 2 threads, 49.6 with 1);
-run both. Our worker sets ``GOMP_SPINCOUNT=1000`` (spin briefly, then sleep) unless the environment
-chose; llama-server inherits the environment, so ``GOMP_SPINCOUNT=1000 python -m benchmarks.llama_cpp``
-gives both servers the same OpenMP waiting.
+run both. Our worker sets ``GOMP_SPINCOUNT=20000`` (spin a few hundred µs, then sleep) unless the
+environment chose; llama-server inherits the environment, so ``GOMP_SPINCOUNT=20000 python -m
+benchmarks.llama_cpp`` gives both servers the same OpenMP waiting.
 
 vLLM's own benchmark client (:mod:`benchmarks.vllm_client`: random dataset, fixed
 lengths, ``ignore_eos``, greedy, streamed ``/v1/completions``) warms each server once, then ``--rounds``

@@ -57,12 +57,14 @@ class WorkerSpec:
     async_mode: bool = False  # DJL's --async-mode: requests are sent alone and answered as they finish
 
 
-#: How long an idle OpenMP thread spins before it sleeps (GNU libgomp's unit, ~10-20 µs here). libgomp's
-#: default (300,000) made 2 torch threads 5-8x slower than 1 on a loaded 2-core box; sleeping at once
-#: (``OMP_WAIT_POLICY=PASSIVE``) wakes the partner thread late at every barrier, which made 2 threads
-#: no faster than 1 for a decode step. A short spin is 1.3x PASSIVE on free cores, and the HF engine
-#: drops to fewer threads while other processes take the cores (docs/benchmarks.md, "What the defaults rest on").
-OPENMP_SPIN_COUNT = "1000"
+#: How long an idle OpenMP thread spins before it sleeps (GNU libgomp's unit: 1,000 is ~10-20 µs here).
+#: libgomp's default (300,000) made 2 torch threads 5-8x slower than 1 on a loaded 2-core box; sleeping at
+#: once (``OMP_WAIT_POLICY=PASSIVE``) wakes the partner thread late at every barrier, which made 2 threads
+#: no faster than 1 for a decode step. 20,000 covers the gaps between a decode step's parallel regions
+#: (the Python between them): 1.08-1.10x the engine's tok/s of 1,000 on free cores, where 1,000 left
+#: the second core idle 16 % of a decode step; with another process on a core the HF engine drops to
+#: one thread and both counts serve alike (0.97x) (docs/benchmarks.md, "What the defaults rest on").
+OPENMP_SPIN_COUNT = "20000"
 
 
 def openmp_defaults(env: MutableMapping[str, str]) -> None:

@@ -178,7 +178,7 @@ def test_the_run_queue_clock_reads_this_process() -> None:
 
 
 @pytest.mark.parametrize(("given", "expected"), [
-    ({}, {"GOMP_SPINCOUNT": "1000"}),
+    ({}, {"GOMP_SPINCOUNT": "20000"}),
     ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE"}),
     ({"OMP_WAIT_POLICY": "active"}, {"OMP_WAIT_POLICY": "active"}),
     ({"GOMP_SPINCOUNT": "0"}, {"GOMP_SPINCOUNT": "0"}),
