@@ -34,10 +34,10 @@ GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes sve bf16\nCPU part
 LOWERED = all(os.environ.get(k) == v for k, v in LOWER_ISA.items())
 
 
-def _features(onednn_bf16: bool, flags: str = SKYLAKE, fp16: bool = False) -> isa.CpuFeatures:
+def _features(onednn_bf16: bool, flags: str = SKYLAKE, fp16: bool = False, **speeds: float) -> isa.CpuFeatures:
     model, found = isa.cpu_flags(flags)
     return isa.CpuFeatures(arch="x86_64", model=model, isa=isa.isa_level("x86_64", found), aten_capability="AVX2",
-                           onednn_bf16=onednn_bf16, flags=found, onednn_fp16=fp16)
+                           onednn_bf16=onednn_bf16, flags=found, onednn_fp16=fp16, **speeds)
 
 
 @pytest.mark.parametrize(("text", "arch", "level"), [
@@ -63,6 +63,39 @@ def test_the_linear_path_per_dtype_and_the_advice() -> None:
     assert advice and "option.dtype=bf16" in advice and "isa avx2" in advice and "fp32" in advice
     assert "emulates" in (isa.dtype_advice("bfloat16", avx512) or "")
     assert "option.dtype=fp16" in (isa.dtype_advice("float16", amx) or "")
+
+
+def test_a_measured_speed_decides_whether_the_native_16_bit_path_is_taken() -> None:
+    slow = _features(True, SAPPHIRE, fp16=True, bf16_speed=0.7, fp16_speed=0.5)  # a Xeon without AMX
+    assert isa.linear_path("bfloat16", slow) == "fp32-over-bf16" and not slow.native_bf16
+    assert isa.linear_path("float16", slow) == "fp32-over-fp16"
+    advice = isa.dtype_advice("bfloat16", slow) or ""
+    assert "measured 0.7x" in advice and "fp32 over the 16-bit weights" in advice
+    assert "measured 0.5x" in (isa.dtype_advice("float16", slow) or "")
+    fast = _features(True, SAPPHIRE, fp16=True, bf16_speed=1.5, fp16_speed=isa.NATIVE_MIN_SPEED)  # a tie: native
+    assert isa.linear_path("bfloat16", fast) == "onednn-bf16" and fast.native_bf16
+    assert isa.linear_path("float16", fast) == "onednn-fp16"
+    assert isa.dtype_advice("bfloat16", fast) is None and isa.dtype_advice("float16", fast) is None
+    assert fast.describe()["speedVsFp32"] == {"bf16": 1.5, "fp16": isa.NATIVE_MIN_SPEED}
+
+
+@pytest.mark.parametrize(("choice", "usable", "expected"), [
+    ("fp32", True, 0.0), ("native", True, None), ("FP32", False, None), ("measure", False, None)])
+def test_the_choice_variable_forces_a_path_or_skips_the_measurement(
+        choice: str, usable: bool, expected: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(isa.CHOICE_ENV, choice)
+    monkeypatch.setattr(isa, "probe_speed", lambda name: pytest.fail("measured"))
+    assert isa._measured_speed("bfloat16", usable) == expected
+
+
+def test_the_speed_probe_times_both_paths_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    speed = isa.probe_speed("bfloat16")
+    assert (speed is not None) == isa.probe_onednn("bfloat16")
+    assert speed is None or 0.0 < speed < 100.0
+    monkeypatch.setenv(isa.CHOICE_ENV, "measure")
+    found = isa.features()
+    assert found.bf16_speed is None or found.bf16_speed > 0.0
+    assert isa.linear_path("bfloat16", found) == ("onednn-bf16" if found.native_pays("bf16") else "fp32-over-bf16")
 
 
 def test_the_probe_agrees_with_torch_on_this_machine() -> None:

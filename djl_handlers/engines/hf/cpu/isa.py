@@ -17,6 +17,13 @@ once into oneDNN's fp32 blocked layout and each call computes in fp32 and rounds
 On an AVX2 CPU that was measured 2.9-4.8x faster than torch's own bf16 linear at 16-256 rows, and
 the whole engine 1.9x (docs/engines.md, "16-bit dtypes on every CPU"), so it is the fastest correct
 path there. fp16 is the same with AVX512-FP16/AMX-FP16 in place of bf16 support (few CPUs have it).
+
+Where oneDNN has a 16-bit path, whether it pays is measured, not read off the flags: an Intel Xeon with
+AVX512-BF16 but no AMX (5th generation, under KVM) ran oneDNN's bf16 GEMMs at 0.62-0.72x its fp32 ones
+(one bf16 dot-product port against two fp32 FMA ports), while AMD's Zen 4 runs them ~1.5x faster.
+:func:`probe_speed` times one packed GEMM of a decode step's shape both ways at load (~20 ms);
+the native path is taken where it reaches :data:`NATIVE_MIN_SPEED` of fp32's speed, else
+``fp32-over-<dtype>``. ``DJL_HANDLERS_16BIT_LINEAR=native`` or ``fp32`` skips the measurement.
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ from typing import Any
 LOG = logging.getLogger(__name__)
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 dot products in hardware
+CHOICE_ENV = "DJL_HANDLERS_16BIT_LINEAR"  # measure (default), native, fp32
+#: the native 16-bit GEMM is used where it runs at least this share of fp32's speed: a near tie goes to
+#: the native path, whose weights take half the bytes
+NATIVE_MIN_SPEED = 0.9
+_PROBE_SHAPE = (64, 1024, 1024)  # rows, input and output features of the timed GEMM
+_PROBE_REPEATS = 9
 _ONEDNN_BF16_FLAGS = ("avx512bw", "avx512vl", "avx512dq")
 
 
@@ -46,20 +59,30 @@ class CpuFeatures:
     onednn_bf16: bool  # oneDNN runs bf16 linear layers here (ONEDNN_MAX_CPU_ISA counts)
     flags: frozenset[str]
     onednn_fp16: bool = False  # oneDNN runs fp16 linear layers here (AVX512-FP16 or AMX-FP16)
+    bf16_speed: float | None = None  # oneDNN's bf16 GEMM speed / fp32's, measured (None: not measured)
+    fp16_speed: float | None = None  # the same for fp16
+
+    def native_pays(self, short: str) -> bool:
+        """oneDNN computes ``short`` (``bf16``/``fp16``) here and, where measured, at least
+        :data:`NATIVE_MIN_SPEED` of fp32's speed."""
+        native, speed = (self.onednn_bf16, self.bf16_speed) if short == "bf16" else (self.onednn_fp16, self.fp16_speed)
+        return native and (speed is None or speed >= NATIVE_MIN_SPEED)
 
     @property
     def native_bf16(self) -> bool:
-        """bf16 dot products in hardware (AVX512-BF16 or AMX) that oneDNN will use: bf16 is then
-        faster than fp32; elsewhere bf16 is a storage format only."""
-        return self.onednn_bf16 and any(f in self.flags for f in BF16_FLAGS)
+        """bf16 dot products in hardware (AVX512-BF16 or AMX) that oneDNN will use and that measured
+        as fast as fp32 here; elsewhere bf16 is a storage format only."""
+        return self.native_pays("bf16") and any(f in self.flags for f in BF16_FLAGS)
 
     def describe(self) -> dict[str, Any]:
         """The report ``djl-handlers check`` prints (and the engine logs at load)."""
         return {"arch": self.arch, "model": self.model, "isa": self.isa,
                 "atenCapability": self.aten_capability, "onednnBf16": self.onednn_bf16,
                 "nativeBf16": self.native_bf16, "onednnFp16": self.onednn_fp16,
+                "speedVsFp32": {"bf16": self.bf16_speed, "fp16": self.fp16_speed},
                 "linearLayers": {"bf16": linear_path("bfloat16", self), "fp16": linear_path("float16", self)},
-                "limits": {k: v for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DJL_HANDLERS_KERNEL_MARCH")
+                "limits": {k: v for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DJL_HANDLERS_KERNEL_MARCH",
+                                          CHOICE_ENV)
                            if (v := os.environ.get(k))}}
 
 
@@ -113,6 +136,46 @@ def probe_onednn(dtype_name: str) -> bool:
         return False
 
 
+def probe_speed(dtype_name: str) -> float | None:
+    """fp32's time over oneDNN's ``dtype_name`` time for one packed GEMM of :data:`_PROBE_SHAPE`
+    (best of :data:`_PROBE_REPEATS` each, interleaved); None where that path fails here."""
+    try:
+        import time
+
+        import torch
+
+        rows, k, n = _PROBE_SHAPE
+        gen = torch.Generator().manual_seed(0)
+        weight, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
+        dtype = getattr(torch, dtype_name)
+        runs = {}
+        for name, w, a in (("fp32", weight, x), ("native", weight.to(dtype), x.to(dtype))):
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+            runs[name] = (packed, a)
+        best = dict.fromkeys(runs, float("inf"))
+        with torch.inference_mode():
+            for round_ in range(_PROBE_REPEATS + 1):  # round 0 warms oneDNN's primitive cache, untimed
+                for name, (packed, a) in runs.items():
+                    start = time.perf_counter()
+                    torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
+                    if round_:
+                        best[name] = min(best[name], time.perf_counter() - start)
+        return round(best["fp32"] / best["native"], 3)
+    except (RuntimeError, AttributeError, ImportError, ZeroDivisionError):
+        return None
+
+
+def _measured_speed(dtype_name: str, usable: bool) -> float | None:
+    """The speed :class:`CpuFeatures` keeps for ``dtype_name``: measured unless :data:`CHOICE_ENV`
+    decides (``native``: None, the flags decide; ``fp32``: 0.0, the fp32 path)."""
+    choice = os.environ.get(CHOICE_ENV, "measure").strip().lower()
+    if not usable or choice == "native":
+        return None
+    if choice == "fp32":
+        return 0.0
+    return probe_speed(dtype_name)
+
+
 def _aten_capability() -> str:
     try:
         import torch
@@ -127,11 +190,14 @@ def features() -> CpuFeatures:
     """This process's CPU, probed once (and logged once at INFO)."""
     arch = platform.machine().lower() or "unknown"
     model, flags = cpu_flags()
+    bf16, fp16 = probe_onednn("bfloat16"), probe_onednn("float16")
     found = CpuFeatures(arch=arch, model=model, isa=isa_level(arch, flags), aten_capability=_aten_capability(),
-                        onednn_bf16=probe_onednn("bfloat16"), flags=flags, onednn_fp16=probe_onednn("float16"))
-    LOG.info("CPU: %s (%s, isa %s); torch kernels %s; packed linear layers: bf16 %s, fp16 %s", found.model,
-             found.arch, found.isa, found.aten_capability, linear_path("bfloat16", found),
-             linear_path("float16", found))
+                        onednn_bf16=bf16, flags=flags, onednn_fp16=fp16,
+                        bf16_speed=_measured_speed("bfloat16", bf16), fp16_speed=_measured_speed("float16", fp16))
+    LOG.info("CPU: %s (%s, isa %s); torch kernels %s; packed linear layers: bf16 %s, fp16 %s "
+             "(oneDNN's 16-bit GEMM speed vs fp32: bf16 %s, fp16 %s)", found.model, found.arch, found.isa,
+             found.aten_capability, linear_path("bfloat16", found), linear_path("float16", found),
+             found.bf16_speed, found.fp16_speed)
     return found
 
 
@@ -143,8 +209,7 @@ def linear_path(dtype_name: str, found: CpuFeatures | None = None) -> str:
     if short is None:
         return "fp32"
     found = found or features()
-    native = found.onednn_bf16 if short == "bf16" else found.onednn_fp16
-    return f"onednn-{short}" if native else f"fp32-over-{short}"
+    return f"onednn-{short}" if found.native_pays(short) else f"fp32-over-{short}"
 
 
 def dtype_advice(dtype_name: str, found: CpuFeatures | None = None) -> str | None:
@@ -153,10 +218,14 @@ def dtype_advice(dtype_name: str, found: CpuFeatures | None = None) -> str | Non
     found = found or features()
     if dtype_name == "bfloat16" and found.native_bf16:
         return None
-    if dtype_name not in ("bfloat16", "float16") or (dtype_name == "float16" and found.onednn_fp16):
+    if dtype_name not in ("bfloat16", "float16") or (dtype_name == "float16" and found.native_pays("fp16")):
         return None
     short = "bf16" if dtype_name == "bfloat16" else "fp16"
     how = ("its linear layers compute in fp32 over the 16-bit weights"
            if linear_path(dtype_name, found).startswith("fp32-over-") else "oneDNN emulates bf16 without AVX512-BF16")
-    return (f"option.dtype={short} on a CPU without native {short} ({found.model}, isa {found.isa}): served, "
-            f"{how}; option.dtype=fp32 is faster on this CPU (docs/engines.md, \"16-bit dtypes on every CPU\")")
+    speed = found.bf16_speed if short == "bf16" else found.fp16_speed
+    why = (f"oneDNN's {short} GEMMs measured {speed}x fp32's speed here" if speed
+           else f"no native {short}")
+    return (f"option.dtype={short} on a CPU without a fast {short} path ({found.model}, isa {found.isa}: {why}): "
+            f"served, {how}; option.dtype=fp32 is as fast or faster on this CPU "
+            f"(docs/engines.md, \"16-bit dtypes on every CPU\")")

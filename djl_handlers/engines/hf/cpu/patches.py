@@ -79,8 +79,8 @@ def _linear(model: Any, options: HuggingFaceOptions) -> str:
     if count:
         dtype = str(next(iter(model.parameters())).dtype).removeprefix("torch.")
         path = isa.linear_path(dtype)
-        how = f" ({path}: this CPU has no oneDNN {dtype} path, so each call computes in fp32)" if (
-            path.startswith("fp32-over-")) else ""
+        how = (f" ({path}: oneDNN's {dtype} path is missing here or measured slower than fp32, so each call "
+               "computes in fp32)") if path.startswith("fp32-over-") else ""
         return f"applied: {count} nn.Linear layers on prepacked oneDNN weights{how}"
     if not linear.available():
         return FELL_BACK + "this torch has no oneDNN; torch's linear"
