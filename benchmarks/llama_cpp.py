@@ -4,8 +4,8 @@
 - ``fp32``: ours in fp32 against llama-server on an F32 GGUF of the same weights;
 - ``fp32-kv16``: the same, ours with ``option.kv_cache_dtype=float16``: the KV cache llama-server keeps
   by default (F16) under the same fp32 weights;
-- ``bf16``: ours with ``option.dtype=bf16`` against llama-server on a BF16 GGUF (the 16-bit class; on a
-  CPU without bf16 instructions ours computes the bf16-stored weights in fp32, llama.cpp converts too);
+- ``bf16``: ours with ``option.dtype=bf16`` against llama-server on a BF16 GGUF (the 16-bit class; where
+  oneDNN's bf16 is missing or measured slower than fp32, ours computes over the bf16 weights in fp32);
 - ``int8``: ours with ``option.quantize=dynamic_int8`` against llama-server on a Q8_0 GGUF.
 
 ``scripts/setup_llama_cpp.sh`` builds llama-server from the llama-cpp-python sdist's vendored llama.cpp
@@ -285,8 +285,7 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
                 w.stop()
         settings = llama_settings(servers[LLAMA][2])
     report = {"precision": precision.name, "ours_dtype": precision.dtype, "ours_options": dict(precision.options),
-              "gguf": gguf.name,
-              "llama_threads": llama_threads,
+              "gguf": gguf.name, "llama_threads": llama_threads,
               "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs,
               **summary({OURS: runs[OURS], LLAMA: runs[LLAMA]}), "warmup": warm,
               "peak_pss_mib_last": peaks, "llama_settings": settings}

@@ -19,9 +19,9 @@ the whole engine 1.9x (docs/engines.md, "16-bit dtypes on every CPU"), so it is 
 path there. fp16 is the same with AVX512-FP16/AMX-FP16 in place of bf16 support (few CPUs have it).
 
 Where oneDNN has a 16-bit path, whether it pays is measured, not read off the flags: an Intel Xeon with
-AVX512-BF16 but no AMX (5th generation, under KVM) ran oneDNN's bf16 GEMMs at 0.62-0.72x its fp32 ones
-(one bf16 dot-product port against two fp32 FMA ports), while AMD's Zen 4 runs them ~1.5x faster.
-:func:`probe_speed` times one packed GEMM of a decode step's shape both ways at load (~20 ms);
+AVX512-BF16 but no AMX (5th generation, under KVM) ran oneDNN's bf16 GEMMs at 0.53-0.68x its fp32 ones
+over a decode step's and a prompt's shapes, while AMD's Zen 4 runs them ~1.5x faster.
+:func:`probe_speed` times one packed GEMM of a decode step's size both ways at load (~20 ms);
 the native path is taken where it reaches :data:`NATIVE_MIN_SPEED` of fp32's speed, else
 ``fp32-over-<dtype>``. ``DJL_HANDLERS_16BIT_LINEAR=native`` or ``fp32`` skips the measurement.
 """
@@ -62,10 +62,15 @@ class CpuFeatures:
     bf16_speed: float | None = None  # oneDNN's bf16 GEMM speed / fp32's, measured (None: not measured)
     fp16_speed: float | None = None  # the same for fp16
 
+    def speed(self, short: str) -> float | None:
+        """The measured speed of oneDNN's ``short`` (``bf16``/``fp16``) GEMM against fp32's."""
+        return self.bf16_speed if short == "bf16" else self.fp16_speed
+
     def native_pays(self, short: str) -> bool:
-        """oneDNN computes ``short`` (``bf16``/``fp16``) here and, where measured, at least
-        :data:`NATIVE_MIN_SPEED` of fp32's speed."""
-        native, speed = (self.onednn_bf16, self.bf16_speed) if short == "bf16" else (self.onednn_fp16, self.fp16_speed)
+        """oneDNN computes ``short`` here and, where measured, at least :data:`NATIVE_MIN_SPEED` of
+        fp32's speed."""
+        speed = self.speed(short)
+        native = self.onednn_bf16 if short == "bf16" else self.onednn_fp16
         return native and (speed is None or speed >= NATIVE_MIN_SPEED)
 
     @property
@@ -223,9 +228,8 @@ def dtype_advice(dtype_name: str, found: CpuFeatures | None = None) -> str | Non
     short = "bf16" if dtype_name == "bfloat16" else "fp16"
     how = ("its linear layers compute in fp32 over the 16-bit weights"
            if linear_path(dtype_name, found).startswith("fp32-over-") else "oneDNN emulates bf16 without AVX512-BF16")
-    speed = found.bf16_speed if short == "bf16" else found.fp16_speed
-    why = (f"oneDNN's {short} GEMMs measured {speed}x fp32's speed here" if speed
-           else f"no native {short}")
+    speed = found.speed(short)
+    why = f"oneDNN's {short} GEMMs measured {speed}x fp32's speed here" if speed else f"no native {short}"
     return (f"option.dtype={short} on a CPU without a fast {short} path ({found.model}, isa {found.isa}: {why}): "
             f"served, {how}; option.dtype=fp32 is as fast or faster on this CPU "
             f"(docs/engines.md, \"16-bit dtypes on every CPU\")")
