@@ -88,6 +88,12 @@ def test_the_choice_variable_forces_a_path_or_skips_the_measurement(
     assert isa._measured_speed("bfloat16", usable) == expected
 
 
+def test_a_wrong_choice_is_an_error_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(isa.CHOICE_ENV, "fast")
+    with pytest.raises(ValueError, match="DJL_HANDLERS_16BIT_LINEAR='fast' is invalid; allowed: measure, native, fp32"):
+        isa._measured_speed("bfloat16", True)
+
+
 def test_the_speed_probe_times_both_paths_on_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     speed = isa.probe_speed("bfloat16")
     assert (speed is not None) == isa.probe_onednn("bfloat16")

@@ -172,8 +172,12 @@ def probe_speed(dtype_name: str) -> float | None:
 
 def _measured_speed(dtype_name: str, usable: bool) -> float | None:
     """The speed :class:`CpuFeatures` keeps for ``dtype_name``: measured unless :data:`CHOICE_ENV`
-    decides (``native``: None, the flags decide; ``fp32``: 0.0, the fp32 path)."""
-    choice = os.environ.get(CHOICE_ENV, "measure").strip().lower()
+    decides (``native``: None, the flags decide; ``fp32``: 0.0, the fp32 path); another value is an
+    error naming the variable."""
+    value = os.environ.get(CHOICE_ENV, "measure")
+    choice = value.strip().lower() or "measure"
+    if choice not in ("measure", "native", "fp32"):
+        raise ValueError(f"{CHOICE_ENV}={value!r} is invalid; allowed: measure, native, fp32")
     if not usable or choice == "native":
         return None
     if choice == "fp32":
