@@ -34,6 +34,7 @@ from djl_handlers.extensions import (
 from djl_handlers.heap import in_djl_worker, settle
 from djl_handlers.io.compat import new_output
 from djl_handlers.lora.management import AdapterManager, lora_disabled_output
+from djl_handlers.openmp import in_process_defaults
 from djl_handlers.request.parser import ParserSettings
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.dynamic import FormattedBody, run_dynamic_batch, stream_dynamic_request
@@ -72,6 +73,8 @@ class InferenceService:
     def initialize(self, properties: Mapping[str, str]) -> None:
         """Build config, engine and scheduler from the init call's properties."""
         from djl_handlers.config.models import ServingConfig
+
+        LOG.info("%s", in_process_defaults())  # before model.py's hooks or an engine load torch
 
         # DJL's engine injects the formatter functions it found in model.py into the properties;
         # load_hooks finds the same functions, so only string options go to the config.

@@ -19,11 +19,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from djl_handlers.io import wire
+from djl_handlers.openmp import openmp_defaults
 from djl_handlers.protocol.startup import STARTED_LINE, WORKER_MODULE, recommended_for
 
 __all__ = ["StartupError", "WorkerDied", "WorkerProcess", "WorkerSpec", "openmp_defaults"]
@@ -55,23 +56,6 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     python: str = sys.executable
     async_mode: bool = False  # DJL's --async-mode: requests are sent alone and answered as they finish
-
-
-#: How long an idle OpenMP thread spins before it sleeps (GNU libgomp's unit: 1,000 is ~10-20 µs here).
-#: libgomp's default (300,000) made 2 torch threads 5-8x slower than 1 on a loaded 2-core box; sleeping at
-#: once (``OMP_WAIT_POLICY=PASSIVE``) wakes the partner thread late at every barrier, which made 2 threads
-#: no faster than 1 for a decode step. 20,000 covers the gaps between a decode step's parallel regions
-#: (the Python between them): 1.08-1.10x the engine's tok/s of 1,000 on free cores, where 1,000 left
-#: the second core idle 16 % of a decode step; with another process on a core the HF engine drops to
-#: one thread and both counts serve alike (0.97x) (docs/benchmarks.md, "What the defaults rest on").
-OPENMP_SPIN_COUNT = "20000"
-
-
-def openmp_defaults(env: MutableMapping[str, str]) -> None:
-    """Set the worker's OpenMP waiting in ``env`` unless the user chose it (``OMP_WAIT_POLICY`` or
-    ``GOMP_SPINCOUNT``): a short spin, then sleep. Must reach the process before torch loads."""
-    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
-        env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 
 
 def _pythonpath(model_dir: str) -> str:

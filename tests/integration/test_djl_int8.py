@@ -5,7 +5,9 @@ by DJL Serving 0.34 and 0.36 in sync rolling mode (``option.rolling_batch=schedu
 async mode (``option.async_mode=true``) and by ``djl-handlers serve``. Each server must log the int8
 layers and answer two concurrent prompts with the tokens and text of the in-process int8 engine
 (which itself equals ``generate()`` of the int8 model, one prompt at a time): the same greedy text
-on all of them, so the option reaches the loader through every front end. Both prompts' int8 texts
+on all of them, so the option reaches the loader through every front end. Each worker also logs the
+OpenMP waiting it runs with: the worker's default on every front end, DJL's included, where the service
+sets it in its own process before torch loads (djl_handlers/openmp.py). Both prompts' int8 texts
 part from fp32's within these 8 tokens on the embedded model (measured on an AVX2 CPU), so a front
 end that dropped the option would fail the comparison as well as the log check.
 """
@@ -13,6 +15,7 @@ end that dropped the option would fail the comparison as well as the log check.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,6 +46,7 @@ MODES = {"sync": "option.rolling_batch=scheduler\n", "async": "option.async_mode
 PROMPTS = ("The capital of France is", "Deep learning is")
 NEW = 8
 INT8_LOG = "as int8 (option.quantize=dynamic_int8"
+OPENMP_LOG = "OpenMP waiting: GOMP_SPINCOUNT=20000"  # djl_handlers.openmp, unless the environment chose
 Served = list[tuple[list[int], str]]  # per prompt: new token ids, generated text
 
 
@@ -133,5 +137,7 @@ def test_int8_serves_the_in_process_int8_greedy_text(
 ) -> None:
     served, log = serve(request, model_dirs, tmp_path)
     assert INT8_LOG in log, log[-3000:]
+    if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
+        assert OPENMP_LOG in log, log[-3000:]
     assert [ids for ids, _ in served] == [ids for ids, _ in reference], json.dumps([served, reference])
     assert [text for _, text in served] == [text for _, text in reference]
