@@ -42,6 +42,7 @@ from djl_handlers.extensions import (
     TRACKING_ID_PROPERTY,
 )
 from djl_handlers.io.compat import new_output
+from djl_handlers.openmp import release_thread_pool
 from djl_handlers.scheduling.async_driver import AsyncDriver, Subscription
 from djl_handlers.scheduling.media import preload_images
 from djl_handlers.scheduling.rolling import RollingBatch, error_slot
@@ -75,6 +76,10 @@ class AsyncMode:
         self._driver: Optional[AsyncDriver] = None
         if self._native is None:
             self._driver = AsyncDriver(batch, max_running, after_step=self._after_step)
+            # the steps run on the driver's thread: the loading thread's idle OpenMP threads would make
+            # libgomp count more threads than CPUs and all but stop spinning (djl_handlers/openmp.py)
+            LOG.info("OpenMP: the loading thread's thread pool released in %d libgomp(s) before the engine loop "
+                     "takes the steps", release_thread_pool())
         self._live: dict[str, Subscription | _NativeRun] = {}
         self._steps = 0
 

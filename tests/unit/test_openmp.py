@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from djl_handlers.openmp import OPENMP_SPIN_COUNT, USER_KEYS, in_process_defaults, libgomp_loaded
+from djl_handlers.openmp import (
+    OPENMP_SPIN_COUNT,
+    USER_KEYS,
+    in_process_defaults,
+    libgomp_loaded,
+    libgomp_paths,
+    release_thread_pool,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,3 +92,55 @@ def test_libgomp_keeps_its_default_when_torch_came_first() -> None:
         pytest.skip("this torch's OpenMP runtime is not GNU libgomp")
     assert "libgomp's default" in out
     assert "GOMP_SPINCOUNT = '" in err and f"GOMP_SPINCOUNT = '{OPENMP_SPIN_COUNT}'" not in err
+
+
+def test_libgomp_paths_lists_each_copy_once_in_mapping_order(tmp_path: Path) -> None:
+    maps = _maps(tmp_path, "python3.11/site-packages/sentencepiece.libs/libgomp-6a29c32d.so.1.0.0",
+                 "python3.11/site-packages/torch/lib/libgomp.so.1",
+                 "python3.11/site-packages/torch/lib/libgomp.so.1", "libgompish.txt/other.so")
+    assert libgomp_paths(maps) == ["/usr/lib/python3.11/site-packages/sentencepiece.libs/libgomp-6a29c32d.so.1.0.0",
+                                   "/usr/lib/python3.11/site-packages/torch/lib/libgomp.so.1"]
+    assert libgomp_paths(tmp_path / "missing") is None
+    assert release_thread_pool(tmp_path / "missing") == 0
+    assert release_thread_pool(_maps(tmp_path)) == 0  # no libgomp: nothing to release
+
+
+POOL = """
+import os, threading, time
+import torch
+from djl_handlers.openmp import release_thread_pool
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+torch.set_num_threads(2)
+x = torch.randn(512, 512)
+expected = (x @ x).sum()  # a parallel region on this thread: its pool gets a partner thread
+before = threads()
+released = release_thread_pool()
+for _ in range(100):  # the freed partner exits on its own
+    if threads() < before:
+        break
+    time.sleep(0.05)
+after = threads()
+box = {}
+worker = threading.Thread(target=lambda: box.setdefault("sum", (x @ x).sum()))
+worker.start()
+worker.join()
+print(released, before, after, bool(torch.allclose(box["sum"], expected)))
+"""
+
+
+def test_releasing_the_loading_threads_pool_ends_its_partner_threads() -> None:
+    """After a parallel region on this thread, its idle OpenMP partner stays alive (libgomp counts it);
+    released, the partner exits, and another thread's parallel regions still compute the same."""
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", POOL], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    released, before, after, same = done.stdout.split()
+    if released == "0":
+        pytest.skip("this torch's OpenMP runtime is not a libgomp with omp_pause_resource_all")
+    assert int(after) == int(before) - 1, done.stdout
+    assert same == "True"

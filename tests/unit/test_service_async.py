@@ -238,3 +238,28 @@ def test_async_mode_detected_from_the_running_loop_when_the_key_is_absent() -> N
         return found
 
     assert asyncio.run(main())
+
+
+def test_the_loading_threads_openmp_pool_is_released_before_the_engine_loop_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps run on the driver's thread: the init thread's OpenMP pool is freed (djl_handlers/openmp.py)
+    once, on the init thread, before the first step."""
+    import threading
+
+    import djl_handlers.async_mode as async_mode
+
+    calls: list[str] = []
+    monkeypatch.setattr(async_mode, "release_thread_pool", lambda: calls.append(threading.current_thread().name) or 1)
+
+    async def main() -> AsyncAnswer:
+        client, service, _ = await _started()
+        assert calls == [threading.current_thread().name]
+        try:
+            return await client.request(PAYLOADS[0])
+        finally:
+            assert service.async_mode is not None
+            service.async_mode.close()
+
+    answer = asyncio.run(main())
+    assert REPLY.split()[0] in answer.text
+    assert len(calls) == 1
