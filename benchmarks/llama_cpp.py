@@ -4,6 +4,8 @@
 - ``fp32``: ours in fp32 against llama-server on an F32 GGUF of the same weights;
 - ``fp32-kv16``: the same, ours with ``option.kv_cache_dtype=float16``: the KV cache llama-server keeps
   by default (F16) under the same fp32 weights;
+- ``fp32-async``: the same, ours in async mode (``option.async_mode=true``: the worker steps its own
+  batch; without it the server sends every step, as DJL's rolling batch does);
 - ``bf16``: ours with ``option.dtype=bf16`` against llama-server on a BF16 GGUF (the 16-bit class; where
   oneDNN's bf16 is missing or measured slower than fp32, ours computes over the bf16 weights in fp32);
 - ``int8``: ours with ``option.quantize=dynamic_int8`` against llama-server on a Q8_0 GGUF.
@@ -100,6 +102,7 @@ class Precision:
 
 PRECISIONS = {"fp32": Precision("fp32", "f32"),
               "fp32-kv16": Precision("fp32-kv16", "f32", (("kv_cache_dtype", "float16"),)),
+              "fp32-async": Precision("fp32-async", "f32", (("rolling_batch", "disable"), ("async_mode", "true"))),
               "bf16": Precision("bf16", "bf16", dtype="bf16"),
               "int8": Precision("int8", "q8_0", (("quantize", "dynamic_int8"),))}
 
