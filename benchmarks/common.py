@@ -38,9 +38,9 @@ def stop_process(proc: Any, timeout: float = 30) -> None:
 
 def setup_torch() -> None:
     """Offline hub, 2 torch threads (the box has 2 cores shared with other jobs), and the served
-    worker's OpenMP waiting (a short spin, then sleep: ``worker_process.openmp_defaults``); must run
+    worker's OpenMP waiting (a short spin, then sleep: ``djl_handlers.openmp.openmp_defaults``); must run
     before torch loads."""
-    from djl_handlers.server.worker_process import openmp_defaults
+    from djl_handlers.openmp import openmp_defaults
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     openmp_defaults(os.environ)

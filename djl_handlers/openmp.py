@@ -38,13 +38,11 @@ USER_KEYS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # either one: the user chose 
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: free the threads, keep the runtime usable (they return on demand)
 
 
-def openmp_defaults(env: MutableMapping[str, str]) -> bool:
-    """Set the OpenMP waiting in ``env`` unless the user chose it (:data:`USER_KEYS`); whether it did.
-    Must reach the process before libgomp loads (torch's import loads it)."""
-    if any(key in env for key in USER_KEYS):
-        return False
-    env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
-    return True
+def openmp_defaults(env: MutableMapping[str, str]) -> None:
+    """Set the OpenMP waiting in ``env`` unless the user chose it (:data:`USER_KEYS`). Must reach the
+    process before libgomp loads (torch's import loads it)."""
+    if not any(key in env for key in USER_KEYS):
+        env["GOMP_SPINCOUNT"] = OPENMP_SPIN_COUNT
 
 
 def libgomp_paths(maps: Path = Path("/proc/self/maps")) -> list[str] | None:

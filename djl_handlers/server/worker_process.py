@@ -27,7 +27,7 @@ from djl_handlers.io import wire
 from djl_handlers.openmp import openmp_defaults
 from djl_handlers.protocol.startup import STARTED_LINE, WORKER_MODULE, recommended_for
 
-__all__ = ["StartupError", "WorkerDied", "WorkerProcess", "WorkerSpec", "openmp_defaults"]
+__all__ = ["StartupError", "WorkerDied", "WorkerProcess", "WorkerSpec"]
 
 _LOG = logging.getLogger("djl_handlers.server.worker")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]

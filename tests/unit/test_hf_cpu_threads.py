@@ -185,7 +185,8 @@ def test_the_run_queue_clock_reads_this_process() -> None:
 ])
 def test_the_worker_spins_briefly_unless_the_user_chose(given: dict[str, str], expected: dict[str, str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from djl_handlers.server.worker_process import WorkerProcess, WorkerSpec, openmp_defaults
+    from djl_handlers.openmp import openmp_defaults
+    from djl_handlers.server.worker_process import WorkerProcess, WorkerSpec
 
     env = dict(given)
     openmp_defaults(env)

@@ -32,6 +32,7 @@ import functools
 import logging
 import os
 import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,6 @@ def probe_speed(dtype_name: str) -> float | None:
     """fp32's time over oneDNN's ``dtype_name`` time for one packed GEMM of :data:`_PROBE_SHAPE`
     (best of :data:`_PROBE_REPEATS` each, interleaved); None where that path fails here."""
     try:
-        import time
-
         import torch
 
         rows, k, n = _PROBE_SHAPE
