@@ -23,7 +23,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 THREADS = 2
 # What caps this project's CPU paths at AVX2 on a CPU that has more (engines.md, "Every x86-64 ISA level"):
 # oneDNN's and ATen's dispatch, and the C kernels built for x86-64-v3.
-LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
+LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
 
 
 def stop_process(proc: Any, timeout: float = 30) -> None:

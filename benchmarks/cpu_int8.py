@@ -8,19 +8,21 @@ a child process, its PSS and RSS after loading (torch included).
 
     .venv/bin/python -m benchmarks.cpu_int8            # 3 rounds, 32 new tokens
     .venv/bin/python -m benchmarks.cpu_int8 --quick    # 1 round, 8 new tokens
+    .venv/bin/python -m benchmarks.cpu_int8 --isa avx2 # everything capped at AVX2 (the int8 kernel's AVX2 path)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any
 
-from benchmarks.common import ROOT, context, print_table, rnd, setup_torch, write_report
+from benchmarks.common import LOWER_ISA, ROOT, context, print_table, rnd, setup_torch, write_report
 from benchmarks.cpu_dtypes import TOPICS
 
 VARIANTS: dict[str, dict[str, str]] = {"fp32": {"dtype": "fp32"}, "int8": {"dtype": "fp32", "quantize": "dynamic_int8"}}
@@ -40,20 +42,25 @@ def load(options: dict[str, str]) -> Any:
 
 def run(engine: Any, prompts: list[list[int]], new: int) -> float:
     """Tokens per second of every prompt admitted at once, ``new`` greedy tokens each (prefill included)."""
+    return run_tokens(engine, prompts, new)[0]
+
+
+def run_tokens(engine: Any, prompts: list[list[int]], new: int) -> tuple[float, list[list[int]]]:
+    """:func:`run`'s tokens per second and the greedy tokens of each prompt."""
     from djl_handlers.engines.base import EngineRequest
     from djl_handlers.params.generation import GenerationParameters
 
     params = GenerationParameters(max_new_tokens=new, ignore_eos_token=True)
-    counts = dict.fromkeys(range(len(prompts)), 0)
+    tokens: list[list[int]] = [[] for _ in prompts]
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
         engine.add_request(EngineRequest(i, ids, params))
     while engine.has_unfinished():
         for out in engine.step():
-            counts[out.request_id] += 1
-            if counts[out.request_id] >= new:
+            tokens[out.request_id].append(out.token_id)
+            if len(tokens[out.request_id]) >= new:
                 engine.release(out.request_id)
-    return len(prompts) * new / (time.perf_counter() - start)
+    return len(prompts) * new / (time.perf_counter() - start), tokens
 
 
 def memory(name: str) -> dict[str, int]:
@@ -95,8 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--quick", action="store_true", help="1 round, 8 new tokens")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="avx2: oneDNN, ATen, MKL and the C kernels capped at AVX2 (LOWER_ISA)")
     parser.add_argument("--memory", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.isa == "avx2" and any(os.environ.get(k) != v for k, v in LOWER_ISA.items()):
+        # the caps must be in place before torch and the kernels load: run again in a child
+        cmd = [sys.executable, "-m", "benchmarks.cpu_int8", *(argv if argv is not None else sys.argv[1:])]
+        return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **LOWER_ISA}).returncode
     setup_torch()
     if args.memory:
         print(json.dumps(memory(args.memory)))
@@ -111,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = speed(rounds, new)
     cpu = features().describe()
     print_table(rows, ["clients", "fp32 tok/s", "int8 tok/s", "int8/fp32", "ratios"],
-                title=f"CPU {cpu['model']} ({cpu['isa']}); {new} greedy tokens per request, {rounds} rounds")
+                title=f"CPU {cpu['model']} ({cpu['isa']}, run at {args.isa}); {new} greedy tokens per request, "
+                      f"{rounds} rounds")
     print_table([{"variant": name, **values} for name, values in mem.items()], ["variant", "pss MiB", "rss MiB"],
                 title="memory after loading (whole process)")
-    write_report("cpu_int8", {"cpu": cpu, "rows": rows, "memory": mem}, args.quick, started)
+    name = "cpu_int8" if args.isa == "native" else f"cpu_int8_{args.isa}"
+    write_report(name, {"isa": args.isa, "cpu": cpu, "rows": rows, "memory": mem}, args.quick, started)
     return 0
 
 

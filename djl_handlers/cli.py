@@ -204,10 +204,11 @@ def _cpu(serving_config: Any) -> dict[str, Any]:
         f"unavailable ({decode_attention.unavailable_reason()}): torch's SDPA")
     hf = serving_config.get("hf")
     if isinstance(hf, dict) and hf.get("quantize") == "dynamic_int8":
-        from djl_handlers.engines.hf.cpu.int8 import unavailable_reason
+        from djl_handlers.engines.hf.cpu.int8 import backend, unavailable_reason
 
         why = unavailable_reason()
-        cpu["int8"] = ("dynamic_int8: fbgemm int8 linear layers (per-channel weights, per-row dynamic activations)"
+        cpu["int8"] = ("dynamic_int8: int8 linear layers (per-channel weights, per-row dynamic activations) on "
+                       f"{backend()}"
                        if why is None else f"dynamic_int8 cannot run here: {why}")
     return {"cpu": cpu}
 

@@ -28,7 +28,7 @@ DEFAULT_PREFILL_TOKENS = 2048
 # dynamic_int8: int8 weights quantized at load, on the CPU (engines/hf/cpu/int8.py; LMI DeepSpeed's name)
 QUANTIZE: tuple[str, ...] = ("bitsandbytes4", "bitsandbytes8", "gptq", "awq", "dynamic_int8")
 ATTN_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
-CPU_LINEAR: tuple[str, ...] = ("onednn", "torch")
+CPU_LINEAR: tuple[str, ...] = ("auto", "mkl", "onednn", "torch")
 CPU_ATTENTION: tuple[str, ...] = ("auto", "ragged", "sdpa")
 CPU_FUSED: tuple[str, ...] = ("fused", "torch")  # option.cpu_norm and option.cpu_rotary
 CPU_THREADS: tuple[str, ...] = ("adaptive", "fixed")
@@ -69,8 +69,10 @@ class HuggingFaceOptions:
     # (engines/hf/speculative.py)
     speculative: NgramOptions | None = None
     # CPU kernel patches (engines/hf/cpu/), each applied only to a model on the CPU
-    cpu_linear: str = "onednn"  # prepacked oneDNN linear layers; "torch": torch's own
-    cpu_fuse_projections: bool = True  # with cpu_linear=onednn: q/k/v and gate/up as one GEMM each
+    # prepacked linear layers: "auto" (fp32 GEMMs on MKL's packed sgemm where it measures faster than
+    # oneDNN's, else oneDNN), "mkl" (MKL wherever it runs), "onednn"; "torch": torch's own
+    cpu_linear: str = "auto"
+    cpu_fuse_projections: bool = True  # with prepacked layers: q/k/v and gate/up as one GEMM each
     cpu_attention: str = "auto"  # ragged decode attention when its kernel builds; "ragged": or fail; "sdpa"
     cpu_norm: str = "fused"  # one-pass RMSNorm kernel (bitwise torch's); "torch"
     cpu_rotary: str = "fused"  # rotary embedding in one C call (bitwise torch's); "torch"

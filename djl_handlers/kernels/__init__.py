@@ -2,4 +2,4 @@
 
 #: Every kernel of the package: ``<name>.c`` (shipped as package data) and the module
 #: ``djl_handlers.kernels.<name>`` that loads it (``available()``, ``unavailable_reason()``).
-KERNELS: tuple[str, ...] = ("decode_attention", "rms_norm", "rotary", "row_stats", "silu_mul")
+KERNELS: tuple[str, ...] = ("decode_attention", "int8_gemm", "rms_norm", "rotary", "row_stats", "silu_mul")

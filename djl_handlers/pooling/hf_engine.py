@@ -12,7 +12,7 @@ beyond its own batch.
 
 On the CPU: torch's threads follow ``option.cpu_threads`` (``adaptive``, the default: fewer while
 other processes hold the cores, as in the generation engine); the linear layers run on prepacked
-oneDNN weights (``option.cpu_linear=onednn``, the default); and a BERT-family embedder runs without
+weights (``option.cpu_linear``: oneDNN's or MKL's layout); and a BERT-family embedder runs without
 padding (:mod:`~djl_handlers.pooling.packed`: the texts end to end, attention per text) in forwards of
 at most :data:`PACKED_TOKENS` tokens (fewer when ``option.pooling_batch_tokens`` says so), once a
 check at load found it pooling what the padded forward pools. torch and transformers are imported
@@ -130,22 +130,25 @@ class HfPoolingEngine:
         engine = cls(model, tokenizer, kind, pooling=pooling, max_length=max_length,
                      batch_tokens=config.pooling.batch_tokens, device=device)
         if device == "cpu":
-            engine.speed_up_cpu(config.hf.cpu_linear == "onednn")
+            engine.speed_up_cpu(config.hf.cpu_linear)
             if config.hf.cpu_threads == "adaptive" and torch.get_num_threads() > 1:
                 from djl_handlers.engines.hf.cpu.threads import ThreadGovernor
 
                 engine.threads = ThreadGovernor(torch.get_num_threads())
         return engine
 
-    def speed_up_cpu(self, onednn: bool) -> None:
-        """On the CPU: prepacked oneDNN linear layers when ``onednn``; the packed forward for an embedder
+    def speed_up_cpu(self, cpu_linear: str) -> None:
+        """On the CPU: prepacked linear layers unless ``cpu_linear`` (``option.cpu_linear``) is
+        ``torch`` (fp32 GEMMs where :func:`~djl_handlers.engines.hf.cpu.isa.fp32_library` says); the
+        packed forward for an embedder
         whose layout :func:`~djl_handlers.pooling.packed.check` accepts and whose pooled vectors it
         reproduces (:func:`~djl_handlers.pooling.packed.agrees`). Each choice is logged."""
-        if onednn:
-            from djl_handlers.engines.hf.cpu import linear
+        if cpu_linear != "torch":
+            from djl_handlers.engines.hf.cpu import isa, linear
 
-            LOG.info("pooling model: %d nn.Linear layers on prepacked oneDNN weights",
-                     linear.prepack_linears(self.model))
+            count = linear.prepack_linears(self.model, isa.fp32_library(cpu_linear))
+            LOG.info("pooling model: %d nn.Linear layers on prepacked weights (%s)", count,
+                     linear.describe_libraries(self.model))
         if self.kind != EMBEDDING:
             return
         why = check(self.model)

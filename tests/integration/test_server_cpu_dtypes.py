@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 pytest_plugins = ["conftest_models"]
-LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
+LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
 PROMPT = "The capital of France is"
 NEW = 12
 GAP = 0.5

@@ -13,6 +13,10 @@ int djl_silu_mul(const void *in, void *out, int is_bf16, int64_t rows, int64_t i
                  int threads);
 int djl_row_stats(const void *logits, int is_bf16, int64_t rows, int64_t vocab, int64_t stride,
                   int64_t *argmax, float *log_z, int threads);
+int64_t djl_int8_packed_bytes(int64_t n, int64_t k);
+int djl_int8_pack(const int8_t *q, int64_t n, int64_t k, int8_t *packed, int32_t *colsum);
+int djl_int8_gemm(const float *x, int64_t rows, int64_t ldx, int64_t k, const int8_t *packed, const int32_t *colsum,
+                  const float *wscale, const float *bias, float *out, int64_t n, int threads);
 
 static uint32_t state = 12345u;
 static float uniform(void) { /* [-1, 1), a fixed sequence on every machine */
@@ -83,8 +87,43 @@ static int check_row_stats(void) {
     return 0;
 }
 
+/* The int8 GEMM's bits: exact integer sums, then ((float)sum * wscale) * xscale + bias, in IEEE
+ * arithmetic (this driver is built without fast-math); each row alone gives the same bits. */
+static int check_int8_gemm(void) {
+    enum { ROWS = 6, N = 37, K = 83 };
+    static int8_t q[N * K];
+    static float x[ROWS * K], ws[N], bias[N], out[ROWS * N], alone[N];
+    for (int i = 0; i < N * K; i++) q[i] = (int8_t)(i % 11 == 0 ? (i % 2 ? 127 : -127) : (int)(127 * uniform()));
+    for (int j = 0; j < N; j++) { ws[j] = 0.01f * (1.5f + uniform()); bias[j] = uniform(); }
+    for (int i = 0; i < ROWS * K; i++) x[i] = uniform() * (i / K == 2 ? 50.0f : 1.0f);
+    for (int i = 0; i < K; i++) x[4 * K + i] = 0.0f; /* a zero row */
+    int8_t *packed = malloc((size_t)djl_int8_packed_bytes(N, K));
+    int32_t colsum[(N + 15) / 16 * 16];
+    if (!packed || djl_int8_pack(q, N, K, packed, colsum) != 0) return fail("int8 pack", 1, 0);
+    if (djl_int8_gemm(x, ROWS, K, K, packed, colsum, ws, bias, out, N, 2) != 0) return fail("int8 status", 1, 0);
+    for (int r = 0; r < ROWS; r++) {
+        const float *row = x + r * K;
+        float peak = 0.0f;
+        for (int i = 0; i < K; i++) peak = fabsf(row[i]) > peak ? fabsf(row[i]) : peak;
+        float inv = peak > 0.0f ? 127.0f / peak : 0.0f, xscale = peak / 127.0f;
+        if (djl_int8_gemm(row, 1, K, K, packed, colsum, ws, bias, alone, N, 2) != 0) return fail("int8 status", 1, 0);
+        for (int j = 0; j < N; j++) {
+            int64_t sum = 0;
+            for (int i = 0; i < K; i++) sum += (int64_t)nearbyintf(row[i] * inv) * q[j * K + i];
+            float want = (float)sum * ws[j];
+            want = want * xscale;
+            want = want + bias[j];
+            if (out[r * N + j] != want) return fail("int8_gemm", out[r * N + j], want);
+            if (alone[j] != want) return fail("int8_gemm one row", alone[j], want);
+        }
+    }
+    free(packed);
+    printf("int8_gemm: ok\n");
+    return 0;
+}
+
 int main(void) {
-    if (check_rms_norm() || check_silu_mul() || check_row_stats()) return 1;
+    if (check_rms_norm() || check_silu_mul() || check_row_stats() || check_int8_gemm()) return 1;
     printf("ok\n");
     return 0;
 }

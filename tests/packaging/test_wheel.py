@@ -44,6 +44,7 @@ DEFAULT_EXAMPLE = "hf-rolling-batch"
 TIMEOUT = 300
 # The kernels of the checkout: each <name>.c must reach the wheel, the sdist and the installed copy.
 KERNELS = sorted(p.stem for p in (REPO / PACKAGE / "kernels").glob("*.c"))
+QUANTIZED_ONLY = ("int8_gemm",)  # used under option.quantize=dynamic_int8, not by the default configuration
 
 
 @dataclass(frozen=True)
@@ -377,7 +378,8 @@ def test_installed_hf_engine_loads_every_kernel_without_compiling(venv: Venv, ke
     report = json.loads(out.read_text(encoding="utf-8"))
     kernels = report["kernels"]
     assert report["rc"] == 0
-    assert sorted(kernels) == KERNELS, "the default configuration should use every kernel in djl_handlers/kernels"
+    assert sorted(kernels) == [k for k in KERNELS if k not in QUANTIZED_ONLY], \
+        "the default configuration should use every kernel in djl_handlers/kernels but the int8 one"
     for name, kernel in kernels.items():
         assert kernel["error"] is None and kernel["library"], f"{name}: {kernel['error']}"
         for key in ("module", "source"):

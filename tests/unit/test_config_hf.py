@@ -24,7 +24,7 @@ def test_unset_options_take_the_one_set_of_defaults() -> None:
     assert hf == HuggingFaceOptions()
     assert (hf.max_prefill_tokens, hf.torch_threads, hf.cpu_threads) == (None, None, "adaptive")  # None: per device
     assert (hf.cpu_linear, hf.cpu_fuse_projections, hf.cpu_attention, hf.cpu_norm, hf.cpu_rotary) == (
-        "onednn", True, "auto", "fused", "fused")
+        "auto", True, "auto", "fused", "fused")
 
 
 def test_values_are_trimmed_case_folded_and_typed() -> None:
@@ -36,7 +36,7 @@ def test_values_are_trimmed_case_folded_and_typed() -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [
-    ("cpu_linear", "mkl"), ("cpu_attention", "flash"), ("cpu_norm", "triton"), ("cpu_rotary", "fast"),
+    ("cpu_linear", "openblas"), ("cpu_attention", "flash"), ("cpu_norm", "triton"), ("cpu_rotary", "fast"),
     ("cpu_threads", "sometimes"), ("cpu_fuse_projections", "maybe"), ("max_prefill_tokens", "0"),
     ("max_prefill_tokens", "2k"), ("torch_threads", "-1"), ("hf_step", "ragged"),
 ])

@@ -25,7 +25,8 @@ from djl_handlers.engines.hf.cpu.linear import PackedLinear  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest_plugins = ["conftest_models"]
-LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
+LOWER_ISA = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+             "DJL_HANDLERS_KERNEL_MARCH": "x86-64-v3"}
 ZEN3 = "model name\t: AMD EPYC 7R13 Processor\nflags\t\t: fpu sse sse2 avx fma avx2 bmi2\n"
 SKYLAKE = "model name\t: Intel Xeon Platinum 8175M\nflags\t\t: avx avx2 fma avx512f avx512dq avx512bw avx512vl\n"
 SAPPHIRE = ("model name\t: Intel Xeon 8488C\n"
@@ -163,8 +164,10 @@ def test_a_bf16_engine_where_onednn_has_no_bf16_equals_generate_on_the_same_laye
 # kernels without AVX-512); the real-model engine runs of the linear and fused files are left to the
 # native run (a minute each, the same code as their tiny-model runs).
 LOWER_ISA_TESTS = ("tests/unit/test_cpu_isa.py", "tests/unit/test_hf_cpu_linear.py", "tests/unit/test_hf_cpu_fused.py",
+                   "tests/unit/test_hf_cpu_mkl_linear.py",
                    "tests/unit/test_hf_cpu_norm.py", "tests/unit/test_hf_cpu_rotary.py", "tests/unit/test_row_stats.py",
                    "tests/unit/test_cpu_patches.py", "tests/unit/test_hf_cpu_int8.py",
+                   "tests/unit/test_kernel_int8_gemm.py",
                    "tests/unit/test_hf_architectures.py::test_each_applied_patch_gives_the_modules_own_bits_on_a_real_"
                    "forwards_inputs",
                    "tests/unit/test_hf_dtype_agreement.py::test_16_bit_greedy_agrees_with_fp32_where_fp32_is_decided[bf16]")

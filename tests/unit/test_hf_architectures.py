@@ -104,7 +104,8 @@ def test_options_that_switch_a_patch_off_are_reported_as_off(arch_dirs: dict[str
     report = patches.apply(model, HuggingFaceOptions(cpu_linear="torch", cpu_norm="torch", cpu_attention="sdpa"))
     try:
         assert report["cpu_linear"] == "off: option.cpu_linear=torch"
-        assert report["cpu_fuse_projections"] == report["silu_mul"] == "off: needs option.cpu_linear=onednn"
+        assert report["cpu_fuse_projections"] == report["silu_mul"] == (
+            "off: needs prepacked linear layers (option.cpu_linear=auto, mkl or onednn)")
         assert report["cpu_norm"] == "off: option.cpu_norm=torch"
         assert report["cpu_attention"] == "off: option.cpu_attention=sdpa"
         assert report["cpu_rotary"].startswith("applied: ")
@@ -148,10 +149,11 @@ def test_each_applied_patch_gives_the_modules_own_bits_on_a_real_forwards_inputs
     ids = torch.tensor([tok.encode("The quick brown fox jumps over the lazy dog, twice")])
     norms, calls = _recorded(model, ids)
     assert bool(norms) == (name != "phi-tiny") and calls  # phi: LayerNorm only; every shape: rotary
-    linear.prepack_linears(model)
+    linear.prepack_linears(model)  # oneDNN: its per-column sums do not depend on the other columns
     with torch.inference_mode():
         unfused = model(input_ids=ids).logits
-    report = patches.apply(model, HuggingFaceOptions())  # packs again, then fuses and patches the rest
+    # packs again, then fuses and patches the rest (MKL's column sums: tests/unit/test_hf_cpu_mkl_linear.py)
+    report = patches.apply(model, HuggingFaceOptions(cpu_linear="onednn"))
     try:
         with torch.inference_mode():
             for module, inputs in norms.items():  # RMSNorm: the kernel against the module's own forward

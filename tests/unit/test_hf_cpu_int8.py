@@ -19,6 +19,23 @@ pytest_plugins = ["conftest_models"]
 pytestmark = pytest.mark.skipif(int8.unavailable_reason() is not None, reason=str(int8.unavailable_reason()))
 
 
+@pytest.fixture(params=["kernel", "fbgemm"])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each GEMM the layers can run: the package's kernel, and torch's fbgemm (where the kernel
+    cannot be built) with the weight range this CPU's fbgemm computes exactly."""
+    if request.param == "kernel" and not int8.int8_gemm.available():
+        pytest.skip(f"the int8 kernel is unavailable: {int8.int8_gemm.unavailable_reason()}")
+    if request.param == "fbgemm":
+        if not {"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines):
+            pytest.skip("this torch has no fbgemm")
+        monkeypatch.setattr(int8.int8_gemm, "pack", lambda q, scales: None)
+        monkeypatch.setattr(int8.int8_gemm, "available", lambda: False)
+        monkeypatch.setattr(int8.int8_gemm, "path", lambda: None)
+    int8.weight_limit.cache_clear()
+    yield request.param
+    int8.weight_limit.cache_clear()
+
+
 def _linear(bias: bool, out: int = 96, inp: int = 80) -> Any:
     torch.manual_seed(0)
     return torch.nn.Linear(inp, out, bias=bias)
@@ -26,9 +43,12 @@ def _linear(bias: bool, out: int = 96, inp: int = 80) -> Any:
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape", [(1, 80), (5, 80), (2, 3, 80), (37, 80)])
-def test_int8_linear_is_close_to_the_fp32_layer_and_keeps_no_fp32_weight(bias: bool, shape: tuple[int, ...]) -> None:
+def test_int8_linear_is_close_to_the_fp32_layer_and_keeps_no_fp32_weight(bias: bool, shape: tuple[int, ...],
+                                                                          backend: str) -> None:
     layer = _linear(bias)
     q = int8.Int8Linear(layer)
+    assert (q.kernel is not None) == (backend == "kernel") and (q.packed is not None) == (backend == "fbgemm")
+    assert ("kernel" in int8.backend()) == (backend == "kernel")
     x = torch.randn(*shape)
     want, got = layer(x), q(x)
     assert got.shape == want.shape and got.dtype == torch.float32
@@ -51,7 +71,7 @@ def test_a_weight_limit_bounds_every_value(limit: int) -> None:
     assert bool((q.abs().amax(dim=1) == limit).all())
 
 
-def test_products_at_the_ends_of_both_ranges_sum_exactly_on_this_cpu() -> None:
+def test_products_at_the_ends_of_both_ranges_sum_exactly_on_this_cpu(backend: str) -> None:
     """Every weight at its channel's peak and every activation at +1 or -1: the pairs a 16-bit
     kernel (AVX2 without VNNI) would saturate. The layer must still give the fp32 answer."""
     layer = torch.nn.Linear(256, 4, bias=False)
@@ -60,11 +80,12 @@ def test_products_at_the_ends_of_both_ranges_sum_exactly_on_this_cpu() -> None:
     q = int8.Int8Linear(layer)
     x = torch.stack([torch.ones(256), -torch.ones(256), torch.ones(256).index_fill(0, torch.arange(0, 256, 2), -1.0)])
     assert torch.allclose(q(x), layer(x), rtol=0.02, atol=0.5), (q(x), layer(x))
-    assert int8.weight_limit() == (int8.SAFE_RANGE if int8.saturates() else int8.FULL_RANGE)
+    kernel = int8.int8_gemm.available()  # the package's kernel never saturates; fbgemm may, then takes [-64, 64]
+    assert int8.weight_limit() == (int8.FULL_RANGE if kernel or not int8.saturates() else int8.SAFE_RANGE)
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_row_gets_the_same_bits_alone_and_in_any_batch(bias: bool) -> None:
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(bias: bool, backend: str) -> None:
     q = int8.Int8Linear(_linear(bias, out=200, inp=160))
     x = torch.randn(33, 160)
     x[4] *= 50  # a row with a far larger range must not change its neighbours
@@ -84,7 +105,7 @@ def test_quantize_linears_replaces_plain_layers_and_refuses_a_model_without_any(
     assert err.value.field == "option.quantize"
 
 
-def test_shared_sibling_gemm_gives_the_separate_layers_bits(tiny_model: Any) -> None:
+def test_shared_sibling_gemm_gives_the_separate_layers_bits(tiny_model: Any, backend: str) -> None:
     import copy
 
     model, _ = tiny_model
@@ -101,7 +122,7 @@ def test_shared_sibling_gemm_gives_the_separate_layers_bits(tiny_model: Any) -> 
     assert torch.equal(q(x), q(x))  # a sibling called twice with one input computes again
 
 
-def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any) -> None:
+def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any, backend: str) -> None:
     from djl_handlers.config.models import ServingConfig
 
     options = {"model_id": str(tiny_dir), "rolling_batch": "auto", "quantize": "dynamic_int8"}
@@ -110,6 +131,8 @@ def test_engine_on_int8_layers_equals_generate_alone(tiny_dir: Any) -> None:
     assert not [m for m in model.modules() if type(m) is torch.nn.Linear]
     assert engine.cpu_patches["cpu_linear"].startswith("applied: ") and "int8" in engine.cpu_patches["cpu_linear"]
     assert engine.cpu_patches["cpu_fuse_projections"].startswith("applied: 4 q/k/v and gate/up groups")
+    assert engine.cpu_patches["silu_mul"] == "applied: 2 SiLU MLPs as down_proj(silu_mul(gate_up(x)))"
+    assert int8.backend() in engine.cpu_patches["cpu_linear"]
     prompts = [tok.encode(p) for p in ("Hello there", "The capital of France is a city that", "x",
                                        "One two three four five six seven eight nine ten eleven twelve")]
     news = [7, 5, 9, 6]
@@ -131,7 +154,8 @@ def test_check_shows_the_int8_path_for_a_cpu_model() -> None:
     from djl_handlers.cli import _cpu
 
     config = {"engine": "huggingface", "device": "cpu", "hf": {"quantize": "dynamic_int8"}}
-    assert _cpu(config)["cpu"]["int8"].startswith("dynamic_int8: fbgemm int8 linear layers")
+    line = _cpu(config)["cpu"]["int8"]
+    assert line.startswith("dynamic_int8: int8 linear layers (per-channel") and line.endswith(f" on {int8.backend()}")
     assert "int8" not in _cpu({**config, "hf": {"quantize": None}})["cpu"]
 
 

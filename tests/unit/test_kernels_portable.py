@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from djl_handlers.kernels import build
+from djl_handlers.kernels import build, int8_gemm
 
 ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ROOT / "djl_handlers" / "kernels"
 DRIVER = ROOT / "tests" / "kernels_c" / "check_kernels.c"
-CHECKED = ("rms_norm", "silu_mul", "row_stats")
+CHECKED = ("rms_norm", "silu_mul", "row_stats", "int8_gemm")
+EXTRA_FLAGS = {"int8_gemm": list(int8_gemm.FLAGS)}  # each kernel's own flags after the package's
 CROSS = "aarch64-linux-gnu-gcc"
 SYSROOT = Path("/usr/aarch64-linux-gnu")
 
@@ -30,11 +31,12 @@ def _build_driver(cc: str, kernel_flags: list[str], out: Path, libs: list[str]) 
     objects = []
     for name in CHECKED:
         obj = out.parent / f"{name}.o"
-        subprocess.run([cc, *kernel_flags, "-c", "-o", str(obj), str(KERNELS / f"{name}.c")], check=True,
+        flags = [*kernel_flags, *EXTRA_FLAGS.get(name, [])]
+        subprocess.run([cc, *flags, "-c", "-o", str(obj), str(KERNELS / f"{name}.c")], check=True,
                        capture_output=True, text=True, timeout=300)
         objects.append(str(obj))
-    subprocess.run([cc, "-O2", "-fopenmp", "-o", str(out), str(DRIVER), *objects, *libs], check=True,
-                   capture_output=True, text=True, timeout=300)
+    driver = [cc, "-O2", "-ffp-contract=off", "-fopenmp", "-o", str(out), str(DRIVER)]  # IEEE references
+    subprocess.run([*driver, *objects, *libs], check=True, capture_output=True, text=True, timeout=300)
     return out
 
 

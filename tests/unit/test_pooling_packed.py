@@ -65,7 +65,7 @@ def test_engine_runs_packed_chunks_on_the_cpu_in_the_callers_order(random_embedd
     items = [engine.encode_text(text, True) for text in TEXTS]
     lengths = [len(item["input_ids"]) for item in items]
     padded, _ = engine.run(items)
-    engine.speed_up_cpu(onednn=True)
+    engine.speed_up_cpu("onednn")
     assert engine.packed is not None
     got, sizes = engine.run(items)
     torch.testing.assert_close(got, padded, atol=2e-5, rtol=1e-4)
@@ -98,5 +98,5 @@ def test_a_packed_forward_that_differs_at_load_is_not_used(random_embedder: Call
 
     monkeypatch.setattr(packed.PackedEncoder, "hidden", shifted)
     engine = HfPoolingEngine(model, tokenizer, EMBEDDING, pooling="mean", max_length=64, batch_tokens=64, device="cpu")
-    engine.speed_up_cpu(onednn=False)
+    engine.speed_up_cpu("torch")
     assert engine.packed is None

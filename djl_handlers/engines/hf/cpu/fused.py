@@ -1,4 +1,4 @@
-"""Sibling projections as one oneDNN GEMM on the CPU (``option.cpu_fuse_projections``).
+"""Sibling projections as one prepacked GEMM on the CPU (``option.cpu_fuse_projections``).
 
 A Llama-family decoder layer multiplies the same hidden states by three weights for query, key
 and value (``q_proj``, ``k_proj``, ``v_proj``) and by two for the MLP (``gate_proj``, ``up_proj``).
@@ -29,11 +29,12 @@ its logits differ by more than rounding.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
-from djl_handlers.engines.hf.cpu.linear import PackedLinear, reorder, run_packed, weight_version
+from djl_handlers.engines.hf.cpu.linear import Packed, PackedLinear, reorder, run_packed, weight_version
 from djl_handlers.engines.hf.cpu.linear import available as onednn_available
 from djl_handlers.kernels import silu_mul as silu_kernel
 from djl_handlers.kernels.silu_mul import silu_mul
@@ -49,11 +50,12 @@ _CHECK_IDS = (1, 2, 3, 5, 8, 13)
 class ProjectionGroup:
     """The concatenated, reordered weight of sibling projections and the last fused result."""
 
-    def __init__(self, modules: list[torch.nn.Linear]) -> None:
+    def __init__(self, modules: list[torch.nn.Linear], library: str = "onednn") -> None:
         self.modules = modules
+        self.library = library  # where fp32 compute runs (:func:`~djl_handlers.engines.hf.cpu.linear.reorder`)
         self.sizes = [int(m.out_features) for m in modules]
         self.versions: list[int] = []
-        self.packed: torch.Tensor | None = None
+        self.packed: Packed | None = None
         self.bias: torch.Tensor | None = None
         self._x: torch.Tensor | None = None
         self._x_version = -1
@@ -63,10 +65,14 @@ class ProjectionGroup:
 
     def _pack(self) -> None:
         self.versions = [weight_version(m.weight) for m in self.modules]
-        self.packed = reorder(torch.cat([m.weight.detach() for m in self.modules]))
+        self.packed = reorder(torch.cat([m.weight.detach() for m in self.modules]), self.library)
         biases = [m.bias for m in self.modules]
         # in the packed weight's dtype (fp32 for a bf16 model packed as ``fp32-over-bf16``)
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases]).to(self.packed.dtype)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.modules[0].weight.dtype
 
     def clear(self) -> None:
         """Drop the kept result (and the reference to its input)."""
@@ -112,6 +118,18 @@ class FusedMember:
         return self.group.run(self.slot, x)
 
 
+class GateUp(Protocol):
+    """A gate/up pair computed by one GEMM: a :class:`ProjectionGroup`, or the int8 layers' shared
+    GEMM (:class:`~djl_handlers.engines.hf.cpu.int8.Int8Pair`)."""
+
+    modules: list[Any]  # [gate_proj, up_proj]
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def full(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
 class FusedMLP:
     """The ``forward`` of a Llama-style MLP whose ``gate_proj``/``up_proj`` are one fused group:
     ``down_proj(silu_mul(gate_up(x)))`` — the activation and the product in one C pass
@@ -119,7 +137,7 @@ class FusedMLP:
     LoRA's; gate/up replaced since fusing, e.g. wrapped by PEFT or sharded by DeepSpeed; other dtypes
     or devices; extra arguments) run the module's own forward."""
 
-    def __init__(self, module: torch.nn.Module, group: ProjectionGroup, original: Any, previous: Any) -> None:
+    def __init__(self, module: torch.nn.Module, group: GateUp, original: Any, previous: Any) -> None:
         self.module: Any = module
         self.group = group
         self.original = original
@@ -130,7 +148,7 @@ class FusedMLP:
         gate, up = m.gate_proj, m.up_proj
         members = self.group.modules
         if (gate is not members[0] or up is not members[1]  # replaced since (a wrapper, a sharded layer)
-                or args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != gate.weight.dtype or not x.is_cpu
+                or args or kwargs or not isinstance(x, torch.Tensor) or x.dtype != self.group.dtype or not x.is_cpu
                 or gate._forward_hooks or up._forward_hooks or gate._forward_pre_hooks or up._forward_pre_hooks
                 or _global_hooks()):
             return self.original(x, *args, **kwargs)
@@ -151,34 +169,44 @@ def _silu(act: Any) -> bool:
     return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
 
 
-def _fuse_mlps(model: Any) -> int:
-    """Give every MLP whose gate/up pair is fused and whose activation is SiLU a :class:`FusedMLP`
-    forward, when its output matches its own forward on random inputs; returns how many."""
+def _fused_pair(gate: Any, up: Any) -> ProjectionGroup | None:
+    """The :class:`ProjectionGroup` of a fused gate/up pair (gate first, equal halves), else None."""
+    g_fwd, u_fwd = (getattr(m, "__dict__", {}).get("forward") for m in (gate, up))
+    if (isinstance(g_fwd, FusedMember) and isinstance(u_fwd, FusedMember) and g_fwd.group is u_fwd.group
+            and g_fwd.slot == 0 and u_fwd.slot == 1 and g_fwd.group.sizes[0] == g_fwd.group.sizes[1]):
+        return g_fwd.group
+    return None
+
+
+def fuse_mlps(model: Any, pair: Callable[[Any, Any], GateUp | None] = _fused_pair) -> int:
+    """Give every MLP whose gate/up pair is one GEMM (``pair`` finds it) and whose activation is SiLU a
+    :class:`FusedMLP` forward, when its output matches its own forward on random inputs; returns how many."""
     if not silu_kernel.available():
         return 0
     count = 0
     for module in model.modules():
         gate, up, down = (getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
-        g_fwd, u_fwd = (getattr(m, "__dict__", {}).get("forward") for m in (gate, up))
-        if not (isinstance(g_fwd, FusedMember) and isinstance(u_fwd, FusedMember) and g_fwd.group is u_fwd.group
-                and g_fwd.slot == 0 and u_fwd.slot == 1 and isinstance(down, torch.nn.Module)
-                and _silu(getattr(module, "act_fn", None)) and g_fwd.group.sizes[0] == g_fwd.group.sizes[1]):
+        if (gate is None or up is None or not isinstance(down, torch.nn.Module)
+                or not _silu(getattr(module, "act_fn", None))):
+            continue
+        group = pair(gate, up)
+        if group is None:
             continue
         previous = module.__dict__.get("forward")
-        fused = FusedMLP(module, g_fwd.group, module.forward, previous)
-        if not _mlp_matches(fused, g_fwd.module.weight):
+        fused = FusedMLP(module, group, module.forward, previous)
+        if not _mlp_matches(fused, group.dtype, int(gate.in_features)):
             continue
         module.forward = fused
         count += 1
     return count
 
 
-def _mlp_matches(fused: FusedMLP, weight: torch.Tensor) -> bool:
+def _mlp_matches(fused: FusedMLP, dtype: torch.dtype, width: int) -> bool:
     gen = torch.Generator().manual_seed(0)
-    tol = 3e-2 if weight.dtype == torch.bfloat16 else 1e-4
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
     with torch.inference_mode():
-        for shape in ((3, weight.shape[1]), (2, 4, weight.shape[1]), (1, 1, weight.shape[1])):
-            x = torch.randn(*shape, generator=gen).to(weight.dtype)
+        for shape in ((3, width), (2, 4, width), (1, 1, width)):
+            x = torch.randn(*shape, generator=gen).to(dtype)
             want, got = fused.original(x), fused(x)
             if not isinstance(want, torch.Tensor) or want.shape != got.shape:
                 return False
@@ -211,9 +239,9 @@ def sibling_groups(model: Any) -> list[list[torch.nn.Linear]]:
     return found
 
 
-def _apply(groups: list[list[torch.nn.Linear]]) -> None:
+def _apply(groups: list[list[torch.nn.Linear]], library: str) -> None:
     for linears in groups:
-        group = ProjectionGroup(linears)
+        group = ProjectionGroup(linears, library)
         for slot, module in enumerate(linears):
             previous = module.__dict__.get("forward")
             if isinstance(previous, PackedLinear):
@@ -245,8 +273,9 @@ def _close(want: torch.Tensor, got: torch.Tensor, dtype: torch.dtype) -> bool:
     return float((want - got).abs().max()) <= tol
 
 
-def fuse_projections(model: Any, check: bool = True, mlp: bool = True) -> int:
-    """Fuse every group of sibling projections of ``model`` (see the module doc) and, with ``mlp``,
+def fuse_projections(model: Any, check: bool = True, mlp: bool = True, library: str = "onednn") -> int:
+    """Fuse every group of sibling projections of ``model`` (see the module doc; fp32 compute on
+    ``library``'s packed layout, :func:`~djl_handlers.engines.hf.cpu.linear.reorder`) and, with ``mlp``,
     give SiLU MLPs over a fused gate/up pair a :class:`FusedMLP` forward; returns how many groups.
     With ``check``, the model runs once before and after; a failing or different forward undoes
     the fusion (logged) and returns 0."""
@@ -257,9 +286,9 @@ def fuse_projections(model: Any, check: bool = True, mlp: bool = True) -> int:
         return 0
     dtype = groups[0][0].weight.dtype
     want = _probe(model) if check else None
-    _apply(groups)
+    _apply(groups, library)
     if mlp:
-        _fuse_mlps(model)
+        fuse_mlps(model)
     if check:
         got = _probe(model)
         if want is None or got is None or not _close(want, got, dtype):

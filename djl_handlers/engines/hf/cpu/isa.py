@@ -24,6 +24,12 @@ over a decode step's and a prompt's shapes, while AMD's Zen 4 runs them ~1.5x fa
 :func:`probe_speed` times one packed GEMM of a decode step's size both ways at load (~20 ms);
 the native path is taken where it reaches :data:`NATIVE_MIN_SPEED` of fp32's speed, else
 ``fp32-over-<dtype>``. ``DJL_HANDLERS_16BIT_LINEAR=native`` or ``fp32`` skips the measurement.
+
+fp32 compute has two libraries: oneDNN and MKL's packed sgemm (:mod:`~djl_handlers.engines.hf.cpu.mkl_linear`).
+:func:`fp32_library` is the choice: ``option.cpu_linear=auto`` takes MKL where one packed GEMM of a
+decode step's shapes measured at load (~30 ms, :func:`~djl_handlers.engines.hf.cpu.mkl_linear.probe_speed`)
+ran at least as fast as oneDNN's (:data:`MKL_MIN_SPEED`). Where the two tie, the choice can differ
+from one start to the next; the values then differ in the last bits, never in row exactness.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ import functools
 import logging
 import os
 import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from djl_handlers.engines.hf.cpu.timing import best_times
 
 LOG = logging.getLogger(__name__)
 
@@ -47,6 +54,9 @@ NATIVE_MIN_SPEED = 0.9
 _PROBE_SHAPE = (64, 1024, 1024)  # rows, input and output features of the timed GEMM
 _PROBE_REPEATS = 9
 _ONEDNN_BF16_FLAGS = ("avx512bw", "avx512vl", "avx512dq")
+#: ``option.cpu_linear=auto`` puts fp32 compute on MKL where its packed GEMMs measured at least this
+#: share of oneDNN's speed
+MKL_MIN_SPEED = 1.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,7 @@ class CpuFeatures:
     onednn_fp16: bool = False  # oneDNN runs fp16 linear layers here (AVX512-FP16 or AMX-FP16)
     bf16_speed: float | None = None  # oneDNN's bf16 GEMM speed / fp32's, measured (None: not measured)
     fp16_speed: float | None = None  # the same for fp16
+    mkl_speed: float | None = None  # MKL's packed fp32 GEMM speed / oneDNN's, measured (None: no MKL)
 
     def speed(self, short: str) -> float | None:
         """The measured speed of oneDNN's ``short`` (``bf16``/``fp16``) GEMM against fp32's."""
@@ -87,8 +98,9 @@ class CpuFeatures:
                 "nativeBf16": self.native_bf16, "onednnFp16": self.onednn_fp16,
                 "speedVsFp32": {"bf16": self.bf16_speed, "fp16": self.fp16_speed},
                 "linearLayers": {"bf16": linear_path("bfloat16", self), "fp16": linear_path("float16", self)},
-                "limits": {k: v for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DJL_HANDLERS_KERNEL_MARCH",
-                                          CHOICE_ENV)
+                "fp32Gemm": {"library": fp32_library("auto", self), "mklSpeedVsOnednn": self.mkl_speed},
+                "limits": {k: v for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                          "DJL_HANDLERS_KERNEL_MARCH", CHOICE_ENV)
                            if (v := os.environ.get(k))}}
 
 
@@ -152,19 +164,12 @@ def probe_speed(dtype_name: str) -> float | None:
         gen = torch.Generator().manual_seed(0)
         weight, x = torch.randn(n, k, generator=gen), torch.randn(rows, k, generator=gen)
         dtype = getattr(torch, dtype_name)
-        runs = {}
-        for name, w, a in (("fp32", weight, x), ("native", weight.to(dtype), x.to(dtype))):
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-            runs[name] = (packed, a)
-        best = dict.fromkeys(runs, float("inf"))
+        pack = torch.ops.mkldnn._reorder_linear_weight
+        calls = [functools.partial(torch.ops.mkldnn._linear_pointwise, a, pack(w, rows), None, "none", [], "")
+                 for w, a in ((weight, x), (weight.to(dtype), x.to(dtype)))]  # fp32, then the native dtype
         with torch.inference_mode():
-            for round_ in range(_PROBE_REPEATS + 1):  # round 0 warms oneDNN's primitive cache, untimed
-                for name, (packed, a) in runs.items():
-                    start = time.perf_counter()
-                    torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], "")
-                    if round_:
-                        best[name] = min(best[name], time.perf_counter() - start)
-        return round(best["fp32"] / best["native"], 3)
+            fp32, native = best_times(calls, _PROBE_REPEATS)
+        return round(fp32 / native, 3)
     except (RuntimeError, AttributeError, ImportError, ZeroDivisionError):
         return None
 
@@ -201,12 +206,38 @@ def features() -> CpuFeatures:
     bf16, fp16 = probe_onednn("bfloat16"), probe_onednn("float16")
     found = CpuFeatures(arch=arch, model=model, isa=isa_level(arch, flags), aten_capability=_aten_capability(),
                         onednn_bf16=bf16, flags=flags, onednn_fp16=fp16,
-                        bf16_speed=_measured_speed("bfloat16", bf16), fp16_speed=_measured_speed("float16", fp16))
+                        bf16_speed=_measured_speed("bfloat16", bf16), fp16_speed=_measured_speed("float16", fp16),
+                        mkl_speed=_mkl_speed())
     LOG.info("CPU: %s (%s, isa %s); torch kernels %s; packed linear layers: bf16 %s, fp16 %s "
-             "(oneDNN's 16-bit GEMM speed vs fp32: bf16 %s, fp16 %s)", found.model, found.arch, found.isa,
+             "(oneDNN's 16-bit GEMM speed vs fp32: bf16 %s, fp16 %s); fp32 GEMMs on %s (MKL's speed vs "
+             "oneDNN's: %s)", found.model, found.arch, found.isa,
              found.aten_capability, linear_path("bfloat16", found), linear_path("float16", found),
-             found.bf16_speed, found.fp16_speed)
+             found.bf16_speed, found.fp16_speed, fp32_library("auto", found), found.mkl_speed)
     return found
+
+
+def _mkl_speed() -> float | None:
+    try:
+        from djl_handlers.engines.hf.cpu import mkl_linear
+    except ImportError:  # no torch
+        return None
+    return mkl_linear.probe_speed()
+
+
+def fp32_library(choice: str, found: CpuFeatures | None = None) -> str:
+    """Where the packed fp32 GEMMs run under ``option.cpu_linear=choice``: ``mkl`` for ``mkl`` where
+    torch has MKL's packed sgemm, and for ``auto`` where it also measured :data:`MKL_MIN_SPEED` times
+    oneDNN's speed here; ``onednn`` otherwise."""
+    if choice not in ("auto", "mkl"):
+        return "onednn"
+    from djl_handlers.engines.hf.cpu import mkl_linear
+
+    if not mkl_linear.available():
+        return "onednn"
+    if choice == "mkl":
+        return "mkl"
+    speed = (found or features()).mkl_speed
+    return "mkl" if speed is not None and speed >= MKL_MIN_SPEED else "onednn"
 
 
 def linear_path(dtype_name: str, found: CpuFeatures | None = None) -> str:

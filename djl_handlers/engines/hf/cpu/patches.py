@@ -38,7 +38,7 @@ def _on_cpu(model: Any) -> bool:
 
 
 def apply(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
-    """Patch ``model`` (on the CPU) as ``options`` say: oneDNN linear layers (``cpu_linear``) with fused
+    """Patch ``model`` (on the CPU) as ``options`` say: prepacked linear layers (``cpu_linear``) with fused
     projections (``cpu_fuse_projections``) and SiLU·mul, RMSNorm (``cpu_norm``), rotary embedding
     (``cpu_rotary``), ragged attention (``cpu_attention``). Returns one line per patch of
     :data:`PATCHES` (empty off the CPU), each also logged. A kernel that cannot be built here is
@@ -72,19 +72,27 @@ def _linear(model: Any, options: HuggingFaceOptions) -> str:
     if options.quantize == int8.NAME:
         count = int8.quantize_linears(model)
         return (f"applied: {count} nn.Linear layers as int8 (option.quantize={int8.NAME}: per-channel int8 "
-                "weights, per-row dynamic int8 activations, fbgemm)")
-    if options.cpu_linear != "onednn":
+                f"weights, per-row dynamic int8 activations, on {int8.backend()})")
+    if options.cpu_linear == "torch":
         return f"off: option.cpu_linear={options.cpu_linear}"
-    count = linear.prepack_linears(model)
+    count = linear.prepack_linears(model, isa.fp32_library(options.cpu_linear))
     if count:
         dtype = str(next(iter(model.parameters())).dtype).removeprefix("torch.")
         path = isa.linear_path(dtype)
-        how = (f" ({path}: oneDNN's {dtype} path is missing here or measured slower than fp32, so each call "
-               "computes in fp32)") if path.startswith("fp32-over-") else ""
-        return f"applied: {count} nn.Linear layers on prepacked oneDNN weights{how}"
+        how = (f"; {path}: oneDNN's {dtype} path is missing here or measured slower than fp32, so each call "
+               "computes in fp32") if path.startswith("fp32-over-") else ""
+        return f"applied: {count} nn.Linear layers on prepacked weights ({_on_libraries(model, options)}{how})"
     if not linear.available():
         return FELL_BACK + "this torch has no oneDNN; torch's linear"
     return FELL_BACK + "no plain nn.Linear layer in fp32, bf16 or fp16 (quantized or custom layers keep their own)"
+
+
+def _on_libraries(model: Any, options: HuggingFaceOptions) -> str:
+    """Which library runs the packed weights and, under ``auto``, why, e.g. ``211 on MKL;
+    option.cpu_linear=auto, MKL's fp32 GEMM measured 1.07x oneDNN's speed``."""
+    speed = isa.features().mkl_speed if options.cpu_linear == "auto" else None
+    why = f"; option.cpu_linear=auto, MKL's fp32 GEMM measured {speed}x oneDNN's speed" if speed else ""
+    return linear.describe_libraries(model) + why
 
 
 def _projections(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
@@ -93,13 +101,14 @@ def _projections(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
         groups = int8.shared_groups(model)
         fused_text = (f"applied: {groups} q/k/v and gate/up groups, one int8 GEMM each" if groups
                       else FELL_BACK + "no sibling q/k/v or gate/up nn.Linear layers")
-        return {"cpu_fuse_projections": fused_text, "silu_mul": f"off: option.quantize={int8.NAME}"}
-    if options.cpu_linear != "onednn" or not options.cpu_fuse_projections:
-        why = ("off: option.cpu_fuse_projections=false" if options.cpu_linear == "onednn"
-               else "off: needs option.cpu_linear=onednn")
+        int8.fuse_mlps(model)
+        return {"cpu_fuse_projections": fused_text, "silu_mul": _silu_mul(model, int8.gate_up_pairs(model))}
+    if options.cpu_linear == "torch" or not options.cpu_fuse_projections:
+        why = ("off: option.cpu_fuse_projections=false" if options.cpu_linear != "torch"
+               else "off: needs prepacked linear layers (option.cpu_linear=auto, mkl or onednn)")
         return {"cpu_fuse_projections": why, "silu_mul": why}
     candidates = fused.sibling_groups(model)
-    groups = fused.fuse_projections(model)
+    groups = fused.fuse_projections(model, library=isa.fp32_library(options.cpu_linear))
     if not groups:
         if not linear.available():
             why = FELL_BACK + "this torch has no oneDNN"
@@ -110,7 +119,7 @@ def _projections(model: Any, options: HuggingFaceOptions) -> dict[str, str]:
             why = FELL_BACK + "the model's forward does not take the fused projections (checked at load)"
         return {"cpu_fuse_projections": why, "silu_mul": why}
     kinds = [len(group) for group in candidates]
-    text = f"applied: {kinds.count(3)} q/k/v and {kinds.count(2)} gate/up groups, one oneDNN GEMM each"
+    text = f"applied: {kinds.count(3)} q/k/v and {kinds.count(2)} gate/up groups, one prepacked GEMM each"
     return {"cpu_fuse_projections": text, "silu_mul": _silu_mul(model, kinds.count(2))}
 
 
