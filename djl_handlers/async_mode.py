@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -41,10 +42,12 @@ from djl_handlers.extensions import (
     REQUEST_ID_PROPERTY,
     TRACKING_ID_PROPERTY,
 )
+from djl_handlers.heap import in_djl_worker
 from djl_handlers.io.compat import new_output
 from djl_handlers.openmp import release_thread_pool
 from djl_handlers.scheduling.async_driver import AsyncDriver, Subscription
 from djl_handlers.scheduling.media import preload_images
+from djl_handlers.scheduling.reply_guard import FIRST_REPLY_HOLD_S
 from djl_handlers.scheduling.rolling import RollingBatch, error_slot
 from djl_handlers.sessions.gate import SessionGate
 
@@ -82,6 +85,7 @@ class AsyncMode:
                      "takes the steps", release_thread_pool())
         self._live: dict[str, Subscription | _NativeRun] = {}
         self._steps = 0
+        self._hold_s = FIRST_REPLY_HOLD_S if in_djl_worker() else 0.0
 
     @property
     def driver(self) -> Optional[AsyncDriver]:
@@ -96,6 +100,7 @@ class AsyncMode:
         """DJL's async handler call for one request (the init call is answered by the service)."""
         if inputs.is_empty():
             return None
+        begin = time.monotonic()
         tracking = str(inputs.get_property(TRACKING_ID_PROPERTY) or "")
         target = inputs.get_property(CANCEL_PROPERTY)
         if target and tracking.startswith(CANCEL_TRACKING_PREFIX):  # a client's header is no cancel frame
@@ -105,6 +110,7 @@ class AsyncMode:
         if self._sessions is not None:  # LMI's stateful sessions (sessions/gate.py)
             screened = self._sessions.screen(inputs)
             if screened.reply is not None:
+                await self._hold_one_chunk_reply(begin)
                 record, properties = screened.reply
                 out = record_output(inputs, record, "application/json")
                 for key, value in properties.items():
@@ -119,6 +125,7 @@ class AsyncMode:
             from djl_handlers.dialects.registry import error_formatter
 
             slot = error_slot(exc, formatter=error_formatter(inputs.get_property(API_PROPERTY)))
+            await self._hold_one_chunk_reply(begin)
             return record_output(inputs, slot.record(), slot.content_type)
         if session is not None:
             request.session = session
@@ -156,6 +163,14 @@ class AsyncMode:
         finally:
             if tracking:
                 self._live.pop(tracking, None)
+
+    async def _hold_one_chunk_reply(self, begin: float) -> None:
+        """A reply that is one last chunk (a refusal) waits, in DJL's worker, until the front end's HTTP
+        writer waits for it: DJL reads a record's ``code`` only with ``last=true``, so such a reply cannot
+        be split, and one that arrives while the writer first asks for more is lost (its
+        ChunkedBytesSupplier race: scheduling/reply_guard.py, docs/djl-serving.md)."""
+        if self._hold_s:
+            await asyncio.sleep(max(0.0, begin + self._hold_s - time.monotonic()))
 
     def cancel(self, tracking_id: str) -> bool:
         """Cancel the request DJL tagged ``tracking_id``; False when it is not (or no longer) here."""

@@ -38,6 +38,7 @@ from djl_handlers.openmp import in_process_defaults
 from djl_handlers.request.parser import ParserSettings
 from djl_handlers.request.records import Request
 from djl_handlers.scheduling.dynamic import FormattedBody, run_dynamic_batch, stream_dynamic_request
+from djl_handlers.scheduling.reply_guard import ReplyGuard
 from djl_handlers.scheduling.rolling import RollingBatch
 
 if TYPE_CHECKING:
@@ -132,6 +133,8 @@ class InferenceService:
                                         config.max_rolling_batch_size, SessionGate(config.sessions, engine))
         elif rolling:
             self.rolling = RollingBatch(engine, self._formatter_for)
+            if in_djl_worker():  # DJL's HTTP writer can miss a one-chunk reply (scheduling/reply_guard.py)
+                self.rolling.guard = ReplyGuard()
         self.config = config
         self.initialized = True
         if in_djl_worker():  # DJL's worker process serves only this model: settle its heap

@@ -15,6 +15,7 @@ holding one engine request per prompt (:mod:`djl_handlers.scheduling.prompts`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 from typing import Any, Optional
@@ -27,6 +28,7 @@ from djl_handlers.request.records import Request
 from djl_handlers.scheduling.media import prepare_media, takes_images, tokenize_media
 from djl_handlers.scheduling.preparing import MediaPool, PreparingSlot
 from djl_handlers.scheduling.prompts import PromptGroup, check_prompt_list, engine_ids
+from djl_handlers.scheduling.reply_guard import ReplyGuard
 from djl_handlers.scheduling.samples import SampleGroup, check_sample_format
 from djl_handlers.scheduling.slot import RequestSlot, tokenize_prompt
 
@@ -46,6 +48,8 @@ class RollingBatch:
         self._next_id = 0
         self._media = MediaPool()  # prepares requests' images off the step thread (scheduling/preparing.py)
         self._preparing = 0  # PreparingSlots in ``slots`` (a step looks for ready ones only when some are)
+        # records shaped for DJL's HTTP writer (scheduling/reply_guard.py); None for our own front end
+        self.guard: Optional[ReplyGuard] = None
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -65,9 +69,11 @@ class RollingBatch:
                 slot = PreparingSlot(request, formatter, self._new_id(), future)
                 self._preparing += 1
             self.slots.append(slot)
+            self._arrived(slot)
             return slot
         slot, engine_requests = self.prepare(request)
         self.slots.append(slot)
+        self._arrived(slot)
         self._enter(slot, engine_requests)
         return slot
 
@@ -163,7 +169,12 @@ class RollingBatch:
         rendered by ``formatter`` (the request's API dialect; default: DJL's LMI rendering)."""
         slot = error_slot(exc, request, formatter, self._new_id())
         self.slots.append(slot)
+        self._arrived(slot)
         return slot
+
+    def _arrived(self, slot: RequestSlot) -> None:
+        if self.guard is not None:
+            self.guard.arrived(slot.request_id)
 
     def _tokenize(self, request: Request) -> list[int]:
         return tokenize_prompt(self.engine, request)
@@ -182,13 +193,22 @@ class RollingBatch:
         """Advance every request by one step; return one (record, content type) per slot, in
         order, and drop finished slots."""
         self._admit_prepared()
+        guard = self.guard
+        if guard is not None and self.slots and all(s.finished and guard.holds(s.request_id) for s in self.slots):
+            time.sleep(guard.wait_s())  # only held replies: wait for the first to be due, not spin
         self._run_engine()
         results: list[tuple[dict[str, Any], str]] = []
         for slot in self.slots:
             if slot.finished and slot.in_engine:
                 self._release(slot)
-            results.append((slot.record(), slot.content_type))
-        self.slots = [s for s in self.slots if not s.finished]
+            if guard is None:
+                record = slot.record()
+            elif guard.holds(slot.request_id):
+                record = guard.shape(slot.request_id, {})
+            else:
+                record = guard.shape(slot.request_id, slot.record())
+            results.append((record, slot.content_type))
+        self.slots = [s for s in self.slots if not s.finished or (guard is not None and guard.holds(s.request_id))]
         return results
 
     def _run_engine(self) -> None:
@@ -227,6 +247,8 @@ class RollingBatch:
                 self._release(slot)
         self.slots = []
         self._preparing = 0
+        if self.guard is not None:
+            self.guard.clear()
 
 
 def error_slot(exc: BaseException, request: Optional[Request] = None, formatter: Optional[Formatter] = None,

@@ -49,6 +49,7 @@ class DriverRequest:
     error: Optional[str] = None
     first_step: bool = True
     cancel: bool = False
+    records: list[dict[str, Any]] = field(default_factory=list)  # every record the handler sent for it
 
     @property
     def text(self) -> str:
@@ -111,6 +112,7 @@ class RollingBatchDriver:
         props = out.get_properties() if hasattr(out, "get_properties") else out.properties
         for i, req in enumerate(self.active):
             record = binary_decode(bytes(out.content.value_at(i)))
+            req.records.append(record)
             prefix = f"batch_{i}_"
             req.headers.update({k[len(prefix):]: str(v) for k, v in props.items() if k.startswith(prefix)})
             if "code" in record:

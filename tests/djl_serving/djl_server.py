@@ -350,6 +350,16 @@ class DjlServer:
         text = self.log_path.read_text(encoding="utf-8", errors="replace")
         return sum(1 for line in text.splitlines() if "AsyncRequestManager Request [" in line and "] completed" in line)
 
+    def worker_answers(self) -> int:
+        """Requests the worker provably answered, as DJL's log shows them: async mode's finished
+        requests (:meth:`async_replies`) and the refusals our handlers log (``RequestId=[...] rejected``,
+        in every mode). A client that timed out although this count went up met DJL's lost-reply race."""
+        if self.log_path is None or not self.log_path.exists():
+            return 0
+        text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        refusals = sum(1 for line in text.splitlines() if "RequestId=[" in line and "] rejected: " in line)
+        return self.async_replies() + refusals
+
     def alive(self) -> bool:
         """True while the JVM runs."""
         return self._proc is not None and self._proc.poll() is None

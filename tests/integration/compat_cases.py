@@ -331,11 +331,11 @@ def send(base_url: str, one: Call, timeout: float = 120.0) -> Reply:
     return Reply(resp.status_code, resp.headers.get("content-type"), resp.content)
 
 
-def run_case(base_url: str, case: Case, *, seed_workaround: bool = False) -> list[Reply]:
+def run_case(base_url: str, case: Case, *, seed_workaround: bool = False, timeout: float = 120.0) -> list[Reply]:
     """Send the case's calls (concurrently when there are several) and return the replies in order."""
     calls = [pin_seed(c) if seed_workaround else c for c in case.calls]
     if len(calls) == 1:
-        return [send(base_url, calls[0])]
+        return [send(base_url, calls[0], timeout)]
     replies: dict[int, Reply] = {}
     errors: list[BaseException] = []
     barrier = threading.Barrier(len(calls))
@@ -343,7 +343,7 @@ def run_case(base_url: str, case: Case, *, seed_workaround: bool = False) -> lis
     def worker(index: int) -> None:
         try:
             barrier.wait()
-            replies[index] = send(base_url, calls[index])
+            replies[index] = send(base_url, calls[index], timeout)
         except BaseException as exc:  # noqa: BLE001 - re-raised below in the test's thread
             errors.append(exc)
 
