@@ -138,13 +138,43 @@ def llama_command(server: Path, gguf: Path, port: int, work: Workload, threads: 
             "--seed", "0", "--no-webui"]
 
 
+REPACK_OFF = "--no-repack"
+
+
+def crashed_on_load(error: BaseException) -> bool:
+    """True when a server's start ended in a signal (``server_process``: "server exited with -11")."""
+    return re.search(r"exited with -\d+", str(error)) is not None
+
+
 @contextlib.contextmanager
-def serve_llama(server: Path, gguf: Path, work: Workload, threads: int = 2) -> Iterator[tuple[str, int, Path]]:
-    """llama-server on ``gguf``; yields (url, pid, log) once ``/health`` answers 200 (the model loaded)."""
-    port = free_port()
-    with server_process(llama_command(server, gguf, port, work, threads), port, "/health",
-                        LOGS / f"llama-{gguf.stem}-t{threads}.log", server_env(), ROOT) as served:
-        yield served
+def serve_llama(server: Path, gguf: Path, work: Workload, threads: int = 2,
+                flags: list[str] | None = None) -> Iterator[tuple[str, int, Path]]:
+    """llama-server on ``gguf``; yields (url, pid, log) once ``/health`` answers 200 (the model loaded).
+
+    Where it dies from a signal while loading and the environment did not choose its weight repacking
+    (``LLAMA_ARG_REPACK``), it starts once more with ``--no-repack``: on an Intel Xeon with AMX its
+    default repacking of a Q8_0 file crashed (docs/benchmarks.md). ``flags`` collects what was added,
+    for the report."""
+    extra: list[str] = []
+    while True:
+        port = free_port()
+        stack = contextlib.ExitStack()
+        try:
+            served = stack.enter_context(server_process(llama_command(server, gguf, port, work, threads) + extra,
+                                                        port, "/health", LOGS / f"llama-{gguf.stem}-t{threads}.log",
+                                                        server_env(), ROOT))
+        except RuntimeError as exc:
+            if extra or not crashed_on_load(exc) or "LLAMA_ARG_REPACK" in os.environ:
+                raise
+            print(f"llama-server crashed loading {gguf.name} ({exc}); starting it again with {REPACK_OFF}",
+                  file=sys.stderr, flush=True)
+            extra = [REPACK_OFF]
+            continue
+        with stack:
+            if flags is not None:
+                flags.extend(extra)
+            yield served
+        return
 
 
 def token_check(result: dict[str, Any], work: Workload) -> dict[str, Any]:
@@ -272,10 +302,11 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     warm: dict[str, dict[str, Any]] = {}
     peaks: dict[str, float | None] = {}
+    llama_flags: list[str] = []  # what serve_llama had to add (--no-repack after a crash)
     with contextlib.ExitStack() as stack:
         servers = {OURS: stack.enter_context(serve_hf(model_dir, precision.dtype, work, root,
                                                       f"ours-{precision.name}", precision.options)),
-                   LLAMA: stack.enter_context(serve_llama(server, gguf, work, llama_threads))}
+                   LLAMA: stack.enter_context(serve_llama(server, gguf, work, llama_threads, llama_flags))}
         if beside is not None:
             servers[BESIDE] = stack.enter_context(serve_hf(model_dir, beside.dtype, work, root,
                                                            f"ours-{beside.name}", beside.options))
@@ -300,7 +331,7 @@ def run_precision(precision: Precision, work: Workload, rounds: int, root: Path,
                 w.stop()
         settings = llama_settings(servers[LLAMA][2])
     report = {"precision": precision.name, "ours_dtype": precision.dtype, "ours_options": dict(precision.options),
-              "gguf": gguf.name, "llama_threads": llama_threads,
+              "gguf": gguf.name, "llama_threads": llama_threads, "llama_flags": llama_flags,
               "gguf_mib": rnd(gguf.stat().st_size / 2**20, 1), "runs": runs,
               **summary({OURS: runs[OURS], LLAMA: runs[LLAMA]}), "warmup": warm,
               "peak_pss_mib_last": peaks, "llama_settings": settings}

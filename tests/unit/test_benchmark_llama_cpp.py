@@ -15,9 +15,12 @@ from benchmarks.llama_cpp import (
     LLAMA,
     OURS,
     PRECISIONS,
+    REPACK_OFF,
+    crashed_on_load,
     find_llama,
     llama_command,
     llama_counts,
+    serve_llama,
     slot_context,
     summary,
     table_row,
@@ -168,3 +171,53 @@ def test_a_llama_run_is_counted_with_the_servers_own_tokens() -> None:
     assert got["tokens_client"]["output_tokens"] == [30, 32]
     assert with_server_counts(run, llama_counts(LOG), work)["tokens"]["exact_output"] is False  # one stopped at 30
     assert with_server_counts(run, [(64, 32)], work)["tokens"]["exact_output"] is False  # a request missing
+
+
+# A stand-in for llama-server's start only (the harness's retry is under test, not llama.cpp): it dies
+# from SIGSEGV while "loading" unless started with --no-repack, as llama-server did on an AMX Xeon.
+CRASHING_SERVER = """#!{python}
+import http.server, os, signal, sys
+if "--no-repack" not in sys.argv:
+    os.kill(os.getpid(), signal.SIGSEGV)
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def _crashing_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import sys
+
+    monkeypatch.setattr("benchmarks.llama_cpp.LOGS", tmp_path)
+    script = tmp_path / "llama-server"
+    script.write_text(CRASHING_SERVER.format(python=sys.executable))
+    script.chmod(0o755)
+    return script
+
+
+def test_a_start_that_ends_in_a_signal_is_a_crash() -> None:
+    assert crashed_on_load(RuntimeError("server exited with -11; log: x.log"))
+    assert not crashed_on_load(RuntimeError("server exited with 1; log: x.log"))
+    assert not crashed_on_load(RuntimeError("server did not answer /health in 900 s; log: x.log"))
+
+
+def test_llama_server_crashing_on_load_is_started_again_without_repacking(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _crashing_server(tmp_path, monkeypatch)
+    monkeypatch.delenv("LLAMA_ARG_REPACK", raising=False)
+    flags: list[str] = []
+    with serve_llama(script, tmp_path / "m-q8_0.gguf", WORK, flags=flags) as (url, pid, _):
+        assert url.startswith("http://127.0.0.1:") and pid > 0
+    assert flags == [REPACK_OFF]
+
+
+def test_a_repacking_the_environment_chose_is_not_overridden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = _crashing_server(tmp_path, monkeypatch)
+    monkeypatch.setenv("LLAMA_ARG_REPACK", "true")
+    with pytest.raises(RuntimeError, match="exited with -"), serve_llama(script, tmp_path / "m-q8_0.gguf", WORK):
+        pass
