@@ -203,10 +203,8 @@ class RollingBatch:
                 self._release(slot)
             if guard is None:
                 record = slot.record()
-            elif guard.holds(slot.request_id):
-                record = guard.shape(slot.request_id, {})
-            else:
-                record = guard.shape(slot.request_id, slot.record())
+            else:  # a slot whose last record is held has nothing new to give
+                record = guard.shape(slot.request_id, {} if guard.holds(slot.request_id) else slot.record())
             results.append((record, slot.content_type))
         self.slots = [s for s in self.slots if not s.finished or (guard is not None and guard.holds(s.request_id))]
         return results

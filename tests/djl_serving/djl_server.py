@@ -345,20 +345,20 @@ class DjlServer:
         """How many requests DJL's async mode has finished: its ``AsyncRequestManager`` logs
         ``Request [id] completed`` when the worker's last record for a request arrives. A client that
         timed out although this count went up met DJL's lost-reply race (docs/djl-serving.md)."""
-        if self.log_path is None or not self.log_path.exists():
-            return 0
-        text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        return sum(1 for line in text.splitlines() if "AsyncRequestManager Request [" in line and "] completed" in line)
+        return sum(1 for line in self._log_lines() if "AsyncRequestManager Request [" in line and "] completed" in line)
 
     def worker_answers(self) -> int:
         """Requests the worker provably answered, as DJL's log shows them: async mode's finished
         requests (:meth:`async_replies`) and the refusals our handlers log (``RequestId=[...] rejected``,
         in every mode). A client that timed out although this count went up met DJL's lost-reply race."""
+        return sum(1 for line in self._log_lines()
+                   if ("AsyncRequestManager Request [" in line and "] completed" in line)
+                   or ("RequestId=[" in line and "] rejected: " in line))
+
+    def _log_lines(self) -> list[str]:
         if self.log_path is None or not self.log_path.exists():
-            return 0
-        text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        refusals = sum(1 for line in text.splitlines() if "RequestId=[" in line and "] rejected: " in line)
-        return self.async_replies() + refusals
+            return []
+        return self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
 
     def alive(self) -> bool:
         """True while the JVM runs."""
